@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One command: sets up what the tests need, then runs the whole suite (SQLite and PostgreSQL,
+# local Ray on loopback, headless Chromium). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh --test
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+  echo "test.sh: pytest collected no tests; that is a failure" >&2
+  exit 1
+fi
+exit "$rc"
