@@ -146,7 +146,11 @@ class OptimSection(_Section):
 class FsdpConfig(_Section):
     param_offload: bool = False
     optimizer_offload: bool = False
-    ulysses_sequence_parallel_size: int = Field(1, gt=0, le=1024)
+    ulysses_sequence_parallel_size: int = Field(1, gt=0, le=1024, description="verl's Ulysses sequence-parallel size.")
+    turbo_cp_size: int = Field(
+        1, gt=0, le=1024,
+        description="FSDP-Turbo's own Ulysses/CP group size (strategy fsdp_turbo only; not a verl key, exported with +).",
+    )
 
 
 class ActorSection(_Section):
@@ -186,6 +190,7 @@ class CriticSection(_Section):
     cliprange_value: float = Field(0.5, gt=0, le=100)
     grad_clip: float = Field(1.0, gt=0)
     ulysses_sequence_parallel_size: int = Field(1, gt=0, le=1024)
+    turbo_cp_size: int = Field(1, gt=0, le=1024, description="FSDP-Turbo's own CP group size for the critic (fsdp_turbo only).")
 
 
 class KLCtrl(_Section):
@@ -278,11 +283,13 @@ class RunSpec(_Section):
 
     @property
     def actor_sp(self) -> int:
-        return self.actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size
+        """The sequence-parallel size the actor (and rollout, reference) runs with: verl's or Turbo's."""
+        fsdp = self.actor_rollout_ref.actor.fsdp_config
+        return max(fsdp.ulysses_sequence_parallel_size, fsdp.turbo_cp_size)
 
     @property
     def critic_sp(self) -> int:
-        return self.critic.ulysses_sequence_parallel_size
+        return max(self.critic.ulysses_sequence_parallel_size, self.critic.turbo_cp_size)
 
     @property
     def total_steps(self) -> int | None:
@@ -493,7 +500,6 @@ def check_spec(
     *,
     actor_model: ModelInfo | None = None,
     critic_model: ModelInfo | None = None,
-    turbo_cp_size: int = 1,
 ) -> list[Issue]:
     """Cross-field rules verl enforces (and a few it should). Returns errors and warnings, errors first."""
     issues: list[Issue] = []
@@ -526,8 +532,20 @@ def check_spec(
                                                  f"model's {heads_name} ({heads}, {info.architecture})",
                                         valid=_divisors(heads)))
 
-    if actor.strategy == Strategy.fsdp_turbo.value and turbo_cp_size > 1 and spec.actor_sp > 1:
-        issues.append(Issue("actor_rollout_ref.actor.strategy", actor.strategy, TURBO_CONFLICT_MESSAGE))
+    for prefix, strategy, verl_sp, turbo_cp, active in (
+        ("actor_rollout_ref.actor", actor.strategy, actor.fsdp_config.ulysses_sequence_parallel_size,
+         actor.fsdp_config.turbo_cp_size, True),
+        ("critic", spec.critic.strategy, spec.critic.ulysses_sequence_parallel_size, spec.critic.turbo_cp_size,
+         spec.has_critic),
+    ):
+        cp_key = f"{prefix}.fsdp_config.turbo_cp_size" if prefix != "critic" else "critic.turbo_cp_size"
+        if not active:
+            continue
+        if strategy == Strategy.fsdp_turbo.value and turbo_cp > 1 and verl_sp > 1:
+            issues.append(Issue(f"{prefix}.strategy", strategy, TURBO_CONFLICT_MESSAGE))
+        elif strategy != Strategy.fsdp_turbo.value and turbo_cp > 1:
+            issues.append(Issue(cp_key, turbo_cp, f"turbo_cp_size ({turbo_cp}) only applies to strategy fsdp_turbo, "
+                                                  f"not {strategy}", valid=[1]))
 
     # Batch arithmetic, verl's: mini batches count prompts and are multiplied by rollout.n, then split
     # across data-parallel ranks, then into micro batches.
