@@ -365,15 +365,20 @@ ALIASES: dict[str, str] = {
 
 
 def nearest_key(key: str) -> str | None:
-    match = difflib.get_close_matches(key, SPEC_KEYS, n=1, cutoff=0.6)
-    if match:
-        return match[0]
-    # Compare by the last component too: `critic.lr` -> `critic.optim.lr`.
-    tail = key.rsplit(".", 1)[-1]
-    candidates = [k for k in SPEC_KEYS if k.rsplit(".", 1)[-1] == tail]
-    if candidates:
-        return difflib.get_close_matches(key, candidates, n=1, cutoff=0.0)[0]
-    return None
+    """The valid key a typo most likely meant: string similarity plus shared words (``total_steps`` ->
+    ``total_training_steps``), preferring keys whose last component matches (``critic.lr`` -> ``critic.optim.lr``)."""
+
+    def words(k: str) -> set[str]:
+        return set(k.replace(".", "_").split("_")) - {""}
+
+    def score(candidate: str) -> float:
+        ratio = difflib.SequenceMatcher(None, key, candidate).ratio()
+        shared = len(words(key) & words(candidate)) / max(len(words(key)), 1)
+        same_leaf = key.rsplit(".", 1)[-1] == candidate.rsplit(".", 1)[-1]
+        return ratio + 0.5 * shared + (0.5 if same_leaf else 0.0)
+
+    best = max(SPEC_KEYS, key=score)
+    return best if score(best) >= 0.9 else None
 
 
 def _unknown_key_issue(key: str, value: Any) -> Issue:
