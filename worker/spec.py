@@ -105,7 +105,7 @@ class Device(str, Enum):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, use_enum_values=True)
 
 
 PositiveInt = Field(gt=0)
@@ -169,7 +169,10 @@ class ActorSection(_Section):
 
 
 class RolloutSection(_Section):
-    name: RolloutName = RolloutName.hf
+    name: RolloutName = Field(
+        RolloutName.vllm,
+        description="verl's rollout engine (mandatory in verl); attnboard always generates with the actor's HF model.",
+    )
     n: int = Field(1, gt=0, le=1024)
     temperature: float = Field(1.0, ge=0, le=100)
     top_p: float = Field(1.0, gt=0, le=1)

@@ -1,0 +1,215 @@
+"""The ``attnboard`` command line: serve the app, migrate, create tokens, and the pure spec tools
+(resolve, import, export) that need no server. Every command takes ``--json`` for machines.
+
+Exit codes: 0 success, 2 invalid input (bad spec, file, profile), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from worker.environment import Environment, UnknownProfileError, environment_from, PROFILES
+from worker.resolution import Resolution, resolve
+from worker.spec import SpecError
+from worker.specfile import load_spec_file
+from worker.verl import VerlImportError, export_command, export_yaml
+
+EXIT_INVALID = 2
+
+cli = typer.Typer(
+    name="attnboard",
+    help="Configure, launch and watch PPO runs with the attention implementation per role made explicit.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+token_cli = typer.Typer(help="API tokens for CI and the browser login.", no_args_is_help=True)
+cli.add_typer(token_cli, name="token")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines instead of tables.")]
+
+
+def _fail(message: str, *, as_json: bool, code: int = EXIT_INVALID, **extra: Any) -> NoReturn:
+    if as_json:
+        print(json.dumps({"error": {"message": message, **extra}}))
+    else:
+        err.print(Text.assemble(("error: ", "bold red"), message))
+    raise typer.Exit(code)
+
+
+def _load(spec_path: Path, as_json: bool):
+    try:
+        return load_spec_file(spec_path)
+    except FileNotFoundError as exc:
+        _fail(str(exc), as_json=as_json, field="SPEC", value=str(spec_path))
+    except VerlImportError as exc:
+        issues = [i.as_dict() for i in exc.issues]
+        _fail(str(exc), as_json=as_json, token=exc.token, position=exc.position, issues=issues)
+    except SpecError as exc:
+        _fail(str(exc), as_json=as_json, issues=[i.as_dict() for i in exc.issues])
+
+
+def _environment(env: str, env_file: Optional[Path], as_json: bool) -> Environment:
+    try:
+        if env_file is not None:
+            return environment_from(json.loads(env_file.read_text(encoding="utf-8")))
+        return environment_from(env)
+    except UnknownProfileError as exc:
+        _fail(str(exc), as_json=as_json, field="--env", value=env, valid=list(PROFILES))
+    except (OSError, ValueError) as exc:
+        _fail(f"--env-file {env_file}: {exc}", as_json=as_json, field="--env-file")
+
+
+STATUS_STYLE = {"ok": "green", "forced": "yellow", "fallback": "dark_orange", "error": "bold red"}
+
+
+def _warn(text: str) -> None:
+    err.print(Text.assemble(("warning: ", "yellow"), text))
+
+
+def print_resolution(resolution: Resolution) -> None:
+    """A table of the four roles, then each role's ordered reasons (rule id and sentence)."""
+    table = Table(title=f"attention per role on {resolution.environment} (policy {resolution.policy})",
+                  title_justify="left")
+    for column in ("role", "requested", "source", "effective", "status"):
+        table.add_column(column, no_wrap=True)
+    for role in resolution.roles.values():
+        status = Text(role.status, style=STATUS_STYLE.get(role.status, ""))
+        table.add_row(role.role, role.requested, role.source, role.effective or "-", status)
+    out.print(table)
+    for role in resolution.roles.values():
+        out.print(Text(f"{role.role}:", style="bold"))
+        for reason in role.reasons:
+            out.print(Text.assemble("  ", (f"[{reason.rule}]", "cyan"), f" {reason.text}"))
+        if role.error:
+            out.print(Text.assemble("  ", ("error: ", "bold red"), role.error))
+
+
+@cli.command("resolve")
+def resolve_cmd(
+    spec: Annotated[Path, typer.Argument(help="Spec file: YAML/JSON, or a verl command line.")],
+    env: Annotated[str, typer.Option("--env", help=f"Target profile: {', '.join(PROFILES)}.")] = "cpu",
+    env_file: Annotated[Optional[Path], typer.Option("--env-file", help="A probe result (JSON) instead of a profile.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show, per role, which attention implementation will run and why."""
+    imported = _load(spec, as_json)
+    environment = _environment(env, env_file, as_json)
+    result = resolve(imported.spec, environment)
+    if as_json:
+        print(json.dumps({**result.to_dict(), "warnings": imported.warnings}))
+    else:
+        print_resolution(result)
+        for warning in imported.warnings:
+            _warn(warning)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@cli.command("import")
+def import_cmd(
+    file: Annotated[Path, typer.Argument(help="A verl command line or YAML file.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Import a verl command line or YAML into an attnboard spec (printed as YAML, or JSON with --json)."""
+    imported = _load(file, as_json)
+    if as_json:
+        print(json.dumps({"spec": imported.spec.model_dump(mode="json"), "warnings": imported.warnings,
+                          "overrides": imported.overrides}))
+        return
+    out.print(export_yaml(imported.spec).text, markup=False)
+    for warning in imported.warnings:
+        _warn(warning)
+
+
+@cli.command("export")
+def export_cmd(
+    spec: Annotated[Path, typer.Argument(help="Spec file: YAML/JSON, or a verl command line.")],
+    fmt: Annotated[str, typer.Option("--format", help="cli (a verl command line) or yaml.")] = "cli",
+    full: Annotated[bool, typer.Option("--full", help="Emit every key, not only those that differ from verl's defaults.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Export a spec as a verl command line (with the right + prefixes) or YAML."""
+    if fmt not in ("cli", "yaml"):
+        _fail(f"--format {fmt!r} is not valid; valid: cli, yaml", as_json=as_json, field="--format", value=fmt,
+              valid=["cli", "yaml"])
+    imported = _load(spec, as_json)
+    result = export_command(imported.spec, full=full) if fmt == "cli" else export_yaml(imported.spec, full=True)
+    if as_json:
+        print(json.dumps({"format": fmt, "text": result.text, "warnings": result.warnings}))
+        return
+    out.print(result.text, markup=False)
+    for warning in result.warnings:
+        _warn(warning)
+
+
+@cli.command("migrate")
+def migrate_cmd(as_json: JsonOpt = False) -> None:
+    """Apply the database migrations (Alembic upgrade head) to ATTNBOARD_DATABASE_URL."""
+    from app.core.config import get_settings
+    from app.db import run_migrations
+
+    settings = get_settings()
+    run_migrations(settings.database_url)
+    if as_json:
+        print(json.dumps({"migrated": True, "database": settings.database_url_display}))
+    else:
+        out.print(f"database at {settings.database_url_display} is at the latest revision")
+
+
+@cli.command("serve")
+def serve_cmd(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    reload: Annotated[bool, typer.Option(help="Reload on code changes (development).")] = False,
+) -> None:
+    """Serve the dashboard and the REST API (migrations are applied at start-up)."""
+    import uvicorn
+
+    uvicorn.run("app.main:create_app", factory=True, host=host, port=port, reload=reload, proxy_headers=False)
+
+
+@token_cli.command("create")
+def token_create_cmd(
+    name: Annotated[str, typer.Argument(help="A label for the token, e.g. nightly-ci.")],
+    scope: Annotated[str, typer.Option(help="write (launch, cancel, retry; implies read) or read.")] = "write",
+    as_json: JsonOpt = False,
+) -> None:
+    """Create an API token; its secret is shown once, only its hash is stored."""
+    from app.core.config import get_settings
+    from app.db import make_engine, run_migrations, session_scope
+    from app.errors import AppError
+    from app.services.tokens import create_token
+
+    settings = get_settings()
+    run_migrations(settings.database_url)
+    engine = make_engine(settings.database_url)
+    try:
+        with session_scope(engine) as session:
+            secret, token = create_token(session, name=name, scope=scope)
+            token_id = token.id
+    except AppError as exc:
+        _fail(exc.message, as_json=as_json, field=exc.field, value=exc.value, valid=exc.valid)
+    finally:
+        engine.dispose()
+    if as_json:
+        print(json.dumps({"id": token_id, "name": name, "scope": scope, "token": secret}))
+    else:
+        out.print(f"token {name!r} ({scope}) created. It is shown once; store it now:\n{secret}", markup=False)
+
+
+def main() -> None:
+    cli(prog_name="attnboard")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
