@@ -177,7 +177,7 @@ def test_rollout_runs_what_the_actor_loaded():
 def test_rollout_engine_reason():
     spec = role_spec("actor", "sdpa", **{"actor_rollout_ref.rollout.name": "vllm"})
     assert Rule.rollout_engine.value in rules_of(resolve(spec, CPU).roles["rollout"])
-    spec = role_spec("actor", "sdpa")
+    spec = role_spec("actor", "sdpa", **{"actor_rollout_ref.rollout.name": "hf"})
     assert Rule.rollout_engine.value not in rules_of(resolve(spec, CPU).roles["rollout"])
 
 
