@@ -1,0 +1,233 @@
+"""The new-run form: which spec field gets which input, in which group, with which help; form data
+to spec data and back. Pure: no I/O, no web framework.
+
+Every input is named by its dotted spec key (``actor_rollout_ref.actor.strategy``), so a
+``SpecError`` issue's ``field`` is also the name of the input to show it beside. The fields are
+derived from ``RunSpec`` itself: a key added to the spec appears on the form without edits here.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel
+
+from worker.attention import BUILTIN_NAMES
+from worker.spec import SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree
+
+Widget = Literal["text", "number", "checkbox", "select", "attention", "mapping"]
+
+ATTN_SUFFIX = ".override_config.attn_implementation"
+OVERRIDE_KEYS = ("actor_rollout_ref.model.override_config", "critic.model.override_config")
+
+ATTENTION_HELP: dict[str, str] = {
+    "": "verl's default: flash_attention_2",
+    "eager": "plain PyTorch; debugging, output_attentions and the fallback when nothing else works",
+    "sdpa": "PyTorch fused scaled_dot_product_attention; broad compatibility",
+    "flash_attention_2": "fastest; needs an Ampere+ GPU (sm80) and the flash-attn package",
+    "flash_attention_3": "needs a Hopper GPU (sm90) and flash-attn 3",
+    "flash_attention_4": "newest flash-attn kernels",
+    "flex_attention": "torch flex_attention; no backward on CPU",
+}
+
+
+@dataclass(frozen=True)
+class Group:
+    key: str
+    title: str
+    help: str
+    prefixes: tuple[str, ...]
+
+
+# Order is the order on the page; a key belongs to the first group with a matching prefix.
+GROUPS: tuple[Group, ...] = (
+    Group("model", "Model", "A built-in preset (builtin:tiny-llama, builtin:tiny-qwen2) or a local Hugging Face folder.",
+          ("actor_rollout_ref.model.path", "critic.model.path")),
+    Group("attention", "Attention per role",
+          "actor, rollout and reference share one setting; the critic has its own. Empty keeps verl's default.",
+          OVERRIDE_KEYS),
+    Group("strategy", "Strategy and sequence parallelism",
+          "fsdp_turbo with Ulysses > 1 forces eager attention; plain fsdp/fsdp2 Ulysses needs use_remove_padding.",
+          ("actor_rollout_ref.actor.strategy", "critic.strategy", "actor_rollout_ref.actor.fsdp_config",
+           "critic.ulysses_sequence_parallel_size", "actor_rollout_ref.model", "critic.model")),
+    Group("algorithm", "Algorithm", "gae trains a critic; grpo normalises rewards within a group (rollout.n >= 2).",
+          ("algorithm",)),
+    Group("actor", "Actor and critic optimisation", "verl 0.9.1 defaults.", ("actor_rollout_ref.actor", "critic")),
+    Group("rollout", "Rollout", "Generation uses the actor's weights.", ("actor_rollout_ref.rollout",)),
+    Group("data", "Data and reward", "A built-in task (builtin:count, builtin:copy) or a verl-format parquet file.",
+          ("data", "custom_reward_function")),
+    Group("trainer", "Trainer", "Where and how long the run goes.", ("trainer", "attnboard.seed")),
+    Group("policy", "Fallback policy and debug",
+          "strict fails as verl does; fallback walks flash_attention_2 -> sdpa -> eager and records each step.",
+          ("attnboard",)),
+)
+
+
+@dataclass(frozen=True)
+class FormField:
+    key: str
+    label: str
+    widget: Widget
+    group: str
+    options: tuple[str, ...] = ()
+    optional: bool = False
+    step: str | None = None
+    help: str = ""
+
+    @property
+    def input_id(self) -> str:
+        return "f-" + self.key.replace(".", "-").replace("_", "-")
+
+
+def _leaf_model_field(key: str) -> Any:
+    model: type[BaseModel] = RunSpec
+    parts = key.split(".")
+    for part in parts[:-1]:
+        model = model.model_fields[part].annotation  # type: ignore[assignment]
+    return model.model_fields[parts[-1]]
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0], len(args) < len(typing.get_args(annotation))
+    return annotation, False
+
+
+def _label(key: str) -> str:
+    parts = key.split(".")
+    if key.endswith(ATTN_SUFFIX):
+        return ("critic" if key.startswith("critic") else "actor / rollout / reference") + " attention"
+    if key in OVERRIDE_KEYS:
+        return ("critic" if key.startswith("critic") else "actor") + " other override_config keys"
+    owner = {"actor_rollout_ref": "actor", "critic": "critic", "custom_reward_function": "reward function"}.get(parts[0], "")
+    name = parts[-1].replace("_", " ")
+    if parts[0] == "actor_rollout_ref" and parts[1] in ("rollout", "model"):
+        owner = parts[1] if parts[1] == "rollout" else "actor"
+    return f"{owner} {name}".strip() if owner and parts[0] != "data" else name
+
+
+def _field_for(key: str) -> FormField:
+    info = _leaf_model_field(key)
+    annotation, optional = _unwrap_optional(info.annotation)
+    group = next(g.key for g in GROUPS if any(key == p or key.startswith(p + ".") for p in g.prefixes))
+    help_text = info.description or ""
+    if key in OVERRIDE_KEYS:
+        return FormField(key, _label(key), "mapping", "attention", optional=True,
+                         help="Any other Hugging Face config key, as a YAML mapping, e.g. {hidden_size: 64}.")
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return FormField(key, _label(key), "select", group, tuple(m.value for m in annotation), optional, help=help_text)
+    if annotation is bool:
+        return FormField(key, _label(key), "checkbox", group, help=help_text)
+    if annotation in (int, float):
+        return FormField(key, _label(key), "number", group, optional=optional,
+                         step="1" if annotation is int else "any", help=help_text)
+    return FormField(key, _label(key), "text", group, optional=optional, help=help_text)
+
+
+def _all_fields() -> tuple[FormField, ...]:
+    fields: list[FormField] = []
+    for key in SPEC_KEYS:
+        if key in OVERRIDE_KEYS:
+            attn_key = key + ".attn_implementation"
+            fields.append(FormField(attn_key, _label(attn_key), "attention", "attention", ("",) + BUILTIN_NAMES,
+                                    optional=True, help=ATTENTION_HELP[""]))
+        fields.append(_field_for(key))
+    order = {g.key: i for i, g in enumerate(GROUPS)}
+    return tuple(sorted(fields, key=lambda f: order[f.group]))
+
+
+FIELDS: tuple[FormField, ...] = _all_fields()
+FIELDS_BY_KEY: dict[str, FormField] = {f.key: f for f in FIELDS}
+
+
+def grouped_fields() -> list[tuple[Group, list[FormField]]]:
+    return [(g, [f for f in FIELDS if f.group == g.key]) for g in GROUPS]
+
+
+# --------------------------------------------------------------------------------------------
+# Form data <-> spec data
+
+
+class FormError(ValueError):
+    def __init__(self, issues: list[Issue]):
+        self.issues = issues
+        super().__init__("; ".join(f"{i.field}: {i.message}" for i in issues))
+
+
+def form_to_spec_data(form: dict[str, list[str]]) -> dict[str, Any]:
+    """Submitted form (each name -> its values, in order) -> dotted spec data for ``parse_spec``.
+
+    Empty optional inputs are left out (the spec default applies), a checkbox is its last value
+    (a hidden ``false`` precedes it), a mapping input is parsed as a YAML mapping. Raises
+    FormError for values no spec could hold, naming the input."""
+    data: dict[str, Any] = {}
+    issues: list[Issue] = []
+    for f in FIELDS:
+        values = form.get(f.key)
+        if not values:
+            continue
+        raw = values[-1].strip()
+        if f.widget == "checkbox":
+            data[f.key] = raw == "true"
+        elif f.widget == "mapping":
+            if not raw:
+                continue
+            try:
+                parsed = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                issues.append(Issue(f.key, raw, f"not a YAML mapping: {str(exc).splitlines()[0]}"))
+                continue
+            if not isinstance(parsed, dict):
+                issues.append(Issue(f.key, raw, "must be a YAML mapping of config keys to values, e.g. {hidden_size: 64}"))
+                continue
+            if "attn_implementation" in parsed:
+                issues.append(Issue(f.key, raw, "set attn_implementation with the attention selector above"))
+                continue
+            for sub, value in parsed.items():
+                data[f"{f.key}.{sub}"] = value
+        elif raw == "" and (f.optional or f.widget == "attention"):
+            continue
+        elif f.widget == "number" and raw == "":
+            issues.append(Issue(f.key, raw, "required: enter a number"))
+        else:
+            data[f.key] = raw
+    if issues:
+        raise FormError(issues)
+    return data
+
+
+def spec_to_form_values(spec: RunSpec) -> dict[str, Any]:
+    """A spec -> the value of every input (strings, booleans for checkboxes)."""
+    flat = spec_to_flat(spec)
+    tree = spec_to_tree(spec)
+    values: dict[str, Any] = {}
+    for f in FIELDS:
+        if f.widget == "mapping":
+            section, _ = f.key.split(".", 1)
+            override = dict(tree[section]["model"]["override_config"])
+            override.pop("attn_implementation", None)
+            values[f.key] = yaml.safe_dump(override, default_flow_style=True).strip() if override else ""
+        elif f.widget == "attention":
+            values[f.key] = flat.get(f.key) or ""
+        else:
+            value = flat.get(f.key)
+            values[f.key] = value if f.widget == "checkbox" else ("" if value is None else str(value))
+    return values
+
+
+def issues_by_field(issues: list[Issue]) -> dict[str, list[Issue]]:
+    """Issues keyed by the input they belong to; an issue on an unknown or sub-key goes to its
+    nearest input (``...override_config.hidden_size`` -> the override mapping input)."""
+    out: dict[str, list[Issue]] = {}
+    for issue in issues:
+        key = issue.field
+        while key and key not in FIELDS_BY_KEY:
+            key = key.rpartition(".")[0]
+        out.setdefault(key or "(spec)", []).append(issue)
+    return out
