@@ -1,0 +1,186 @@
+"""The one settings object. Every setting is an ``ATTNBOARD_*`` environment variable (or a line in
+``.env``), has help text, and is checked when the app starts: a bad value stops start-up with a
+message naming the variable, the value and what is valid.
+
+``settings_table_markdown()`` renders the table README.md carries (a test keeps them identical);
+``python -m app.core.config`` prints it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "ATTNBOARD_"
+SECRET_KEY_FILE = "secret_key"
+_RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")
+
+
+def normalise_database_url(url: str) -> str:
+    """``postgresql://`` and ``postgres://`` -> ``postgresql+psycopg://`` (the driver attnboard ships);
+    SQLite URLs pass through. Anything else raises ValueError naming the valid schemes."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"{url!r} is not a database URL; valid: sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        return f"postgresql+psycopg://{rest}"
+    if scheme in ("sqlite", "sqlite+pysqlite"):
+        return f"sqlite://{rest}"
+    raise ValueError(f"unsupported database scheme {scheme!r} in {url!r}; valid: sqlite, postgresql, postgresql+psycopg")
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a SQLite URL, or None for PostgreSQL and in-memory SQLite."""
+    if not url.startswith("sqlite://"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+class Settings(BaseSettings):
+    """attnboard's configuration. Field names are the variable names without the prefix."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", case_sensitive=False)
+
+    DATA_DIR: Path = Field(
+        Path("./data"),
+        description="Folder for the SQLite database, the generated secret key and run artefacts; created when missing.",
+    )
+    DATABASE_URL: str = Field(
+        "",
+        description="SQLAlchemy URL of the database: sqlite:///PATH (WAL mode) or postgresql://USER@HOST:PORT/DB "
+        "(rewritten to postgresql+psycopg://). Empty means sqlite:///<DATA_DIR>/attnboard.db.",
+    )
+    REQUIRE_TOKEN_FOR_READS: bool = Field(
+        False,
+        description="When true, GET endpoints need a bearer token with the read scope too; "
+        "mutating endpoints always need one with the write scope.",
+    )
+    SECRET_KEY: str = Field(
+        "",
+        description="Key that signs browser sessions (at least 32 characters). Empty means generated once "
+        "and kept in <DATA_DIR>/secret_key.",
+    )
+    RAY_ADDRESS: str = Field(
+        "",
+        description="Ray cluster to submit runs to (auto, HOST:PORT or ray://HOST:PORT). Empty means the app "
+        "starts a local Ray on 127.0.0.1.",
+    )
+    MODEL_ROOTS: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Folders local Hugging Face models may be loaded from, separated by ':' (or a JSON list); "
+        "each must exist. Empty allows only the built-in models.",
+    )
+    MAX_BODY_BYTES: int = Field(
+        1_048_576,
+        ge=1024,
+        le=1_073_741_824,
+        description="Largest request body accepted, in bytes; bigger requests get 413.",
+    )
+
+    @field_validator("DATABASE_URL")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return normalise_database_url(value) if value else value
+
+    @field_validator("RAY_ADDRESS")
+    @classmethod
+    def _check_ray(cls, value: str) -> str:
+        value = value.strip()
+        if value and not _RAY_ADDRESS.match(value):
+            raise ValueError(f"{value!r} is not a Ray address; valid: empty (local Ray), auto, HOST:PORT or ray://HOST:PORT")
+        return value
+
+    @field_validator("MODEL_ROOTS", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                try:
+                    return json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{value!r} is not a JSON list of folders: {exc.msg}") from None
+            return [part for part in text.split(os.pathsep) if part]
+        return value
+
+    @field_validator("MODEL_ROOTS")
+    @classmethod
+    def _roots_exist(cls, value: list[Path]) -> list[Path]:
+        roots = []
+        for root in value:
+            resolved = root.expanduser().resolve()
+            if not resolved.is_dir():
+                raise ValueError(f"model root {str(root)!r} is not an existing folder")
+            roots.append(resolved)
+        return roots
+
+    @field_validator("SECRET_KEY")
+    @classmethod
+    def _check_secret(cls, value: str) -> str:
+        if value and len(value) < 32:
+            raise ValueError(f"a secret key of {len(value)} characters is too short; valid: at least 32 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _materialise(self) -> "Settings":
+        """Create the data folder, derive the default database URL, load or generate the secret key."""
+        try:
+            self.DATA_DIR.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"DATA_DIR {str(self.DATA_DIR)!r} cannot be created: {exc.strerror}") from None
+        if not self.DATABASE_URL:
+            self.DATABASE_URL = f"sqlite:///{self.DATA_DIR / 'attnboard.db'}"
+        db_file = sqlite_path(self.DATABASE_URL)
+        if db_file is not None:
+            db_file.parent.mkdir(parents=True, exist_ok=True)
+        if not self.SECRET_KEY:
+            self.SECRET_KEY = _load_or_create_secret(self.DATA_DIR / SECRET_KEY_FILE)
+        return self
+
+
+def _load_or_create_secret(path: Path) -> str:
+    if path.exists():
+        key = path.read_text().strip()
+        if len(key) >= 32:
+            return key
+    key = secrets.token_urlsafe(48)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    return key
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    return Settings()
+
+
+def settings_table_markdown() -> str:
+    """The README table of settings: variable, default, description; one row per field."""
+    rows = ["| Variable | Default | Description |", "| --- | --- | --- |"]
+    for name, info in Settings.model_fields.items():
+        if info.default_factory is not None:
+            default = repr(info.default_factory())
+        elif isinstance(info.default, Path):
+            default = info.default.as_posix() if info.default.is_absolute() else f"./{info.default.as_posix()}"
+        else:
+            default = repr(info.default) if info.default != "" else "(empty)"
+        if default == "[]":
+            default = "(empty)"
+        rows.append(f"| `{ENV_PREFIX}{name}` | `{default}` | {info.description} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(settings_table_markdown(), end="")

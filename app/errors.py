@@ -1,0 +1,185 @@
+"""One error type and one handler.
+
+Every error a user can cause is an ``AppError`` naming the field, the bad value and what is valid.
+``install_error_handlers`` maps it, FastAPI's validation errors, Starlette's HTTP errors (unknown
+routes, bad methods, unparseable bodies) and, last, real bugs into one JSON shape::
+
+    {"error": {"code", "message", "field", "value", "valid", "issues": [...]}}
+
+The dashboard adds an HTML branch in ``render_error`` (browser requests get a page or fragment).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from worker.spec import Issue, SpecError, _jsonable
+
+log = logging.getLogger("attnboard.errors")
+
+
+class AppError(Exception):
+    """An error with an HTTP status, a stable machine code and a sentence for people."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        field: str | None = None,
+        value: Any = None,
+        valid: Any = None,
+        issues: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.value = value
+        self.valid = valid
+        self.issues = issues or []
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "code": self.code,
+                "message": self.message,
+                "field": self.field,
+                "value": _jsonable(self.value),
+                "valid": _jsonable(self.valid),
+                "issues": self.issues,
+            }
+        }
+
+    @classmethod
+    def from_spec_error(cls, exc: SpecError, *, prefix: str = "spec") -> "AppError":
+        """422 for a spec with problems: the first error is the headline, ``issues`` lists them all."""
+        issues = [_prefixed(i, prefix) for i in exc.issues]
+        first = next((i for i in issues if i["severity"] == "error"), issues[0])
+        return cls(422, "invalid_spec", f"{first['field']}: {first['message']}", field=first["field"],
+                   value=first["value"], valid=first.get("valid"), issues=issues)
+
+
+def _prefixed(issue: Issue, prefix: str) -> dict[str, Any]:
+    out = issue.as_dict()
+    if prefix:
+        out["field"] = f"{prefix}.{issue.field}"
+    return out
+
+
+class BodyTooLarge(Exception):
+    """Raised while a streamed body passes the size limit (see app.middleware.BodySizeLimit)."""
+
+    def __init__(self, limit: int):
+        super().__init__(limit)
+        self.limit = limit
+
+
+def too_large(size: Any, limit: int) -> AppError:
+    return AppError(413, "payload_too_large", f"the request body ({size} bytes) is larger than the limit of "
+                    f"{limit} bytes (ATTNBOARD_MAX_BODY_BYTES)", field="(body)", value=size, valid=f"<= {limit} bytes")
+
+
+def not_found(what: str, ident: Any, field: str = "id") -> AppError:
+    return AppError(404, "not_found", f"{what} {ident!r} does not exist", field=field, value=ident)
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers
+
+
+def _validation_issue(err: dict[str, Any]) -> dict[str, Any]:
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    field = ".".join(loc) or "(body)"
+    ctx = err.get("ctx") or {}
+    valid = ctx.get("expected")
+    kind = err.get("type", "")
+    message = str(err.get("msg", "invalid"))
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    value = err.get("input")
+    if not loc and kind == "value_error" and ": " in message:
+        # A whole-body validator names the field at the start of its message.
+        field = message.split(": ", 1)[0]
+        value = None
+    if kind == "extra_forbidden":
+        message = f"unknown key {loc[-1]!r}" if loc else "unknown key"
+    elif kind == "missing":
+        message = "this field is required"
+        value = None
+    elif kind == "json_invalid":
+        field = "(body)"
+        message = f"the body is not valid JSON: {ctx.get('error', message)}"
+        value = None
+    return {"field": field, "value": _jsonable(value), "message": f"{field}: {message}",
+            "valid": valid, "severity": "error", "type": kind}
+
+
+def validation_error(exc: RequestValidationError) -> AppError:
+    issues = [_validation_issue(e) for e in exc.errors()]
+    if not issues:
+        return AppError(422, "invalid_request", "the request is not valid")
+    first = issues[0]
+    return AppError(422, "invalid_request", first["message"], field=first["field"], value=first["value"],
+                    valid=first["valid"], issues=issues)
+
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 413: "payload_too_large", 415: "unsupported_media_type"}
+
+
+def http_error(exc: StarletteHTTPException, request: Request) -> AppError:
+    status = exc.status_code
+    detail = exc.detail if isinstance(exc.detail, str) else "request failed"
+    if status == 404 and detail == "Not Found":
+        return AppError(404, "not_found", f"no route {request.method} {request.url.path}", field="path",
+                        value=request.url.path, headers=exc.headers)
+    if status == 405:
+        return AppError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}",
+                        field="method", value=request.method, valid=(exc.headers or {}).get("Allow"),
+                        headers=exc.headers)
+    if isinstance(exc.__cause__, BodyTooLarge):
+        return too_large(f"more than {exc.__cause__.limit}", exc.__cause__.limit)
+    if status == 400 and "parsing the body" in detail:
+        return AppError(400, "invalid_body", "the body could not be read: it must be UTF-8 JSON", field="(body)")
+    return AppError(status, _HTTP_CODES.get(status, "http_error"), detail, headers=exc.headers)
+
+
+def render_error(request: Request, error: AppError) -> Response:
+    """The one place an error becomes a response (JSON for the API; the dashboard adds HTML)."""
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_app_error(request: Request, exc: AppError) -> Response:
+        return render_error(request, exc)
+
+    async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+        return render_error(request, validation_error(exc))
+
+    async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
+        return render_error(request, http_error(exc, request))
+
+    async def on_spec_error(request: Request, exc: SpecError) -> Response:
+        return render_error(request, AppError.from_spec_error(exc))
+
+    async def on_bug(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return render_error(request, AppError(500, "internal_error",
+                                              "attnboard hit a bug; the server log has the traceback"))
+
+    app.add_exception_handler(AppError, on_app_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]
+    app.add_exception_handler(SpecError, on_spec_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, on_bug)

@@ -1,0 +1,328 @@
+"""The database tables and the API's request/response schemas, one family per table:
+``XBase`` (shared fields) -> ``XCreate`` (what a client sends) -> ``X(table=True)`` (the row) ->
+``XPublic`` (what the API answers).
+
+The schema only changes through Alembic (``migrations/``); a test fails when these models and the
+migrations drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, computed_field, model_validator
+from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+# Constraint names that are the same on SQLite and PostgreSQL, so migrations can refer to them.
+SQLModel.metadata.naming_convention = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata: MetaData = SQLModel.metadata
+
+NAME_MAX = 200
+DESCRIPTION_MAX = 4000
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _as_utc(value: datetime) -> datetime:
+    """SQLite hands timestamps back without a zone; they were written in UTC."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+INT32_MAX = 2**31 - 1
+"""Ids, seqs and steps are 32-bit integers in both databases; bigger values are refused up front."""
+
+
+def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
+    """The first value the databases cannot store faithfully, as (field, value, why), or None:
+    NaN/Infinity (JSON has no such numbers; PostgreSQL refuses them) and NUL characters (PostgreSQL
+    text cannot hold them)."""
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return where or "(body)", str(item), "NaN and Infinity are not numbers JSON can store"
+        if isinstance(item, str) and "\x00" in item:
+            return where or "(body)", item.replace("\x00", "\\0")[:80], "text must not contain NUL characters"
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and "\x00" in key:
+                    return f"{where}.{key!r}".lstrip("."), key.replace("\x00", "\\0"), "keys must not contain NUL characters"
+                stack.append((f"{where}.{key}".lstrip("."), child))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
+    return None
+
+
+class _Request(SQLModel):
+    """Request bodies reject unknown keys (a typo is an error naming the key, not silently ignored)
+    and values no database could store."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        problem = storable_problem(data)
+        if problem is not None:
+            field, value, why = problem
+            raise ValueError(f"{field}: {value!r} cannot be stored: {why}")
+        return data
+
+
+# --------------------------------------------------------------------------------------------
+# Specs: saved, named run specs (the canonical tree of worker.spec.RunSpec).
+
+
+class SpecBase(SQLModel):
+    name: str = Field(min_length=1, max_length=NAME_MAX, index=True, description="A name people recognise.")
+    description: str = Field("", max_length=DESCRIPTION_MAX, sa_type=Text, description="Free text.")
+
+
+class SpecCreate(SpecBase, _Request):
+    spec: dict[str, Any] = Field(description="A run spec, nested or dotted keys (see worker.spec.RunSpec).")
+
+
+class SpecUpdate(_Request):
+    name: str | None = Field(None, min_length=1, max_length=NAME_MAX)
+    description: str | None = Field(None, max_length=DESCRIPTION_MAX)
+    spec: dict[str, Any] | None = None
+
+
+class Spec(SpecBase, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    spec: dict[str, Any] = Field(sa_type=JSON, nullable=False)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
+
+
+class SpecPublic(SpecBase):
+    id: int
+    spec: dict[str, Any]
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+
+
+class SpecsPublic(BaseModel):
+    data: list[SpecPublic]
+    total: int
+    limit: int
+    offset: int
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+
+
+class RunStatus(str, Enum):
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled})
+
+
+class RunBase(SQLModel):
+    name: str = Field(min_length=1, max_length=NAME_MAX, index=True)
+
+
+class RunCreate(_Request):
+    """Exactly one of ``spec_id`` (a saved spec) or ``spec`` (inline)."""
+
+    name: str | None = Field(None, min_length=1, max_length=NAME_MAX,
+                             description="Defaults to the saved spec's name, or 'run'.")
+    spec_id: int | None = Field(None, ge=1, le=INT32_MAX, description="A saved spec to run (its current content is copied).")
+    spec: dict[str, Any] | None = Field(None, description="An inline run spec, nested or dotted keys.")
+    environment: str | dict[str, Any] | None = Field(
+        None, description="The target environment the preview was made for: a profile name or a probe."
+    )
+
+
+class RunRetry(_Request):
+    name: str | None = Field(None, min_length=1, max_length=NAME_MAX)
+    patch: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Dotted spec keys to change, e.g. {'critic.model.override_config.attn_implementation': 'eager'}.",
+    )
+
+
+class RunClone(_Request):
+    name: str | None = Field(None, min_length=1, max_length=NAME_MAX)
+
+
+class Run(RunBase, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    spec_id: int | None = Field(
+        default=None, sa_column=Column(Integer, ForeignKey("spec.id", ondelete="SET NULL"), nullable=True, index=True)
+    )
+    spec: dict[str, Any] = Field(sa_type=JSON, nullable=False, description="Immutable copy taken at submission.")
+    status: str = Field(default=RunStatus.queued.value, max_length=16, index=True)
+    status_reason: str | None = Field(default=None, sa_type=Text)
+    cancel_requested: bool = Field(default=False, nullable=False)
+    environment: Any = Field(default=None, sa_type=JSON, nullable=True)
+    retry_of: int | None = Field(
+        default=None, sa_column=Column(Integer, ForeignKey("run.id", ondelete="SET NULL"), nullable=True)
+    )
+    created_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False, index=True)
+    started_at: datetime | None = Field(default=None, sa_type=DateTime(timezone=True), nullable=True)
+    finished_at: datetime | None = Field(default=None, sa_type=DateTime(timezone=True), nullable=True)
+    step: int = Field(default=0, nullable=False)
+    total_steps: int | None = Field(default=None, nullable=True)
+    last_seq: int = Field(default=0, nullable=False)
+    effective_attention: dict[str, Any] | None = Field(default=None, sa_type=JSON, nullable=True)
+    ray_job: str | None = Field(default=None, max_length=NAME_MAX, nullable=True)
+
+
+class Progress(BaseModel):
+    step: int
+    total_steps: int | None
+    fraction: float | None
+
+
+class RunPublic(RunBase):
+    id: int
+    spec_id: int | None
+    spec: dict[str, Any]
+    status: RunStatus
+    status_reason: str | None
+    cancel_requested: bool
+    environment: Any
+    retry_of: int | None
+    created_at: UtcDatetime
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
+    step: int
+    total_steps: int | None
+    last_seq: int
+    effective_attention: dict[str, Any] | None
+    ray_job: str | None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def progress(self) -> Progress:
+        fraction = None
+        if self.total_steps:
+            fraction = min(1.0, self.step / self.total_steps)
+        return Progress(step=self.step, total_steps=self.total_steps, fraction=fraction)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class RunsPublic(BaseModel):
+    data: list[RunPublic]
+    total: int
+    limit: int
+    offset: int
+
+
+# --------------------------------------------------------------------------------------------
+# Events: the contract in PRODUCT.md, (run_id, seq, ts, kind, payload), seq contiguous from 1.
+
+
+class EventKind(str, Enum):
+    status = "status"
+    env_probe = "env_probe"
+    attention = "attention"
+    fallback = "fallback"
+    metric = "metric"
+    log = "log"
+    error = "error"
+
+
+class EventBase(SQLModel):
+    seq: int = Field(ge=1, le=INT32_MAX)
+    kind: str = Field(max_length=32)
+    payload: dict[str, Any] = Field(default_factory=dict, sa_type=JSON, nullable=False)
+
+
+class EventCreate(EventBase, _Request):
+    kind: EventKind  # type: ignore[assignment]
+    ts: datetime | None = None
+
+
+class Event(EventBase, table=True):
+    """UNIQUE(run_id, seq) makes ingestion idempotent; its index also serves "events of a run after seq"."""
+
+    __table_args__ = (UniqueConstraint("run_id", "seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(sa_column=Column(Integer, ForeignKey("run.id", ondelete="CASCADE"), nullable=False))
+    ts: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
+
+
+class EventPublic(EventBase):
+    run_id: int
+    ts: UtcDatetime
+
+
+class EventsPublic(BaseModel):
+    data: list[EventPublic]
+    last_seq: int = Field(description="The run's highest stored seq.")
+    next_after: int = Field(description="Pass as ?after= to continue.")
+
+
+class AppendResult(BaseModel):
+    inserted: int
+    duplicates: int
+    last_seq: int
+
+
+# --------------------------------------------------------------------------------------------
+# API tokens (a User table and browser sessions come with the dashboard; a token may gain a user_id).
+
+Scope = Literal["read", "write"]
+
+
+class ApiTokenBase(SQLModel):
+    name: str = Field(min_length=1, max_length=NAME_MAX)
+
+
+class ApiTokenCreate(ApiTokenBase, _Request):
+    scopes: list[Scope] = Field(default_factory=lambda: ["read", "write"], min_length=1)
+
+
+class ApiToken(ApiTokenBase, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    token_hash: str = Field(
+        sa_column=Column(String(64), nullable=False, unique=True),
+        description="sha256 hex of the token; the plaintext is never stored.",
+    )
+    prefix: str = Field(max_length=16, description="The token's first characters, to recognise it in lists.")
+    scopes: list[str] = Field(default_factory=list, sa_type=JSON, nullable=False)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
+    last_used_at: datetime | None = Field(default=None, sa_type=DateTime(timezone=True), nullable=True)
+    revoked: bool = Field(default=False, nullable=False)
+
+
+class ApiTokenPublic(ApiTokenBase):
+    id: int
+    prefix: str
+    scopes: list[str]
+    created_at: UtcDatetime
+    last_used_at: UtcDatetime | None
+    revoked: bool
+
+
+class ApiTokenCreated(ApiTokenPublic):
+    token: str = Field(description="The secret, shown this once; send it as 'Authorization: Bearer <token>'.")

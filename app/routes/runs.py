@@ -1,0 +1,104 @@
+"""Runs: submit, list, read, events, cancel, retry, clone, export."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Path, Query, status
+
+from app.deps import LauncherDep, SessionDep, require_read, require_write
+from app.models import (
+    INT32_MAX,
+    AppendResult,
+    EventCreate,
+    EventPublic,
+    EventsPublic,
+    RunClone,
+    RunCreate,
+    RunPublic,
+    RunRetry,
+    RunsPublic,
+    RunStatus,
+)
+from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset
+from app.services import events, interop, runs
+from app.services.events import MAX_EVENTS_PAGE
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+Read, Write = [Depends(require_read)], [Depends(require_write)]
+RunId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A run's id.")]
+MAX_EVENTS_PER_POST = 1000
+
+
+@router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+def create_run(session: SessionDep, launcher: LauncherDep, body: RunCreate) -> RunPublic:
+    """Submit a run from a saved spec (``spec_id``) or an inline ``spec``; it keeps an immutable copy."""
+    return RunPublic.model_validate(runs.create_run(session, data=body, launcher=launcher))
+
+
+@router.get("", response_model=RunsPublic, dependencies=Read)
+def list_runs(
+    session: SessionDep,
+    status: Annotated[list[RunStatus] | None, Query(description="Any of these statuses (repeatable).")] = None,
+    name: NameFilter = None,
+    spec_id: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
+    created_after: Annotated[datetime | None, Query(description="ISO 8601, inclusive.")] = None,
+    created_before: Annotated[datetime | None, Query(description="ISO 8601, exclusive.")] = None,
+    limit: Limit = 50,
+    offset: Offset = 0,
+) -> RunsPublic:
+    rows, total = runs.list_runs(session, status=status, name=name, spec_id=spec_id, created_after=created_after,
+                                 created_before=created_before, limit=limit, offset=offset)
+    return RunsPublic(data=[RunPublic.model_validate(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{run_id}", response_model=RunPublic, dependencies=Read)
+def get_run(session: SessionDep, run_id: RunId) -> RunPublic:
+    return RunPublic.model_validate(runs.get_run(session, run_id=run_id))
+
+
+@router.get("/{run_id}/events", response_model=EventsPublic, dependencies=Read)
+def list_events(
+    session: SessionDep,
+    run_id: RunId,
+    after: Annotated[int, Query(ge=0, le=INT32_MAX, description="Return events with seq > after.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = 100,
+) -> EventsPublic:
+    rows, last_seq = events.events_since(session, run_id=run_id, after_seq=after, limit=limit)
+    data = [EventPublic.model_validate(e) for e in rows]
+    return EventsPublic(data=data, last_seq=last_seq, next_after=data[-1].seq if data else after)
+
+
+@router.post("/{run_id}/events", response_model=AppendResult, dependencies=Write)
+def append_events(
+    session: SessionDep,
+    run_id: RunId,
+    body: Annotated[list[EventCreate], Body(max_length=MAX_EVENTS_PER_POST)],
+) -> AppendResult:
+    """Ingest worker events; idempotent on (run_id, seq), a gap in seq is refused (409)."""
+    return events.append_events(session, run_id=run_id, events=body)
+
+
+@router.post("/{run_id}/cancel", response_model=RunPublic, dependencies=Write)
+def cancel_run(session: SessionDep, launcher: LauncherDep, run_id: RunId) -> RunPublic:
+    return RunPublic.model_validate(runs.cancel_run(session, run_id=run_id, launcher=launcher))
+
+
+@router.post("/{run_id}/retry", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+def retry_run(session: SessionDep, launcher: LauncherDep, run_id: RunId, body: RunRetry | None = None) -> RunPublic:
+    body = body or RunRetry()
+    return RunPublic.model_validate(runs.retry_run(session, run_id=run_id, patch=body.patch, name=body.name,
+                                                   launcher=launcher))
+
+
+@router.post("/{run_id}/clone", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+def clone_run(session: SessionDep, launcher: LauncherDep, run_id: RunId, body: RunClone | None = None) -> RunPublic:
+    body = body or RunClone()
+    return RunPublic.model_validate(runs.clone_run(session, run_id=run_id, name=body.name, launcher=launcher))
+
+
+@router.get("/{run_id}/export", dependencies=Read)
+def export_run(session: SessionDep, run_id: RunId, format: ExportFormatQuery = "cli") -> dict:
+    """The run's own spec copy as a verl command line or YAML."""
+    return interop.export_spec(tree=runs.get_run(session, run_id=run_id).spec, format=format)

@@ -1,0 +1,39 @@
+"""Stateless helpers: the resolution preview and verl import. They change nothing, but like every
+non-GET endpoint they need a token (the read scope suffices)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import Field
+
+from app.deps import require_token
+from app.models import _Request
+from app.services import interop
+
+router = APIRouter(prefix="/api", tags=["tools"])
+
+
+class ResolveRequest(_Request):
+    spec: dict[str, Any] = Field(description="A run spec, nested or dotted keys.")
+    environment: str | dict[str, Any] = Field(
+        "cpu", description="A profile name (cpu, cuda-sm75, cuda-sm80-fa2, cuda-sm90-fa2, npu) or a probe result."
+    )
+
+
+class ImportRequest(_Request):
+    text: str = Field(description="A verl command line or a verl YAML config.")
+    format: interop.ImportFormat = Field("auto", description="cli, yaml, or auto (detected from the text).")
+
+
+@router.post("/resolve", dependencies=[Depends(require_token)])
+def resolve(body: ResolveRequest) -> dict[str, Any]:
+    """Per role: requested, source, effective, status and reasons, on the given environment."""
+    return interop.resolve_preview(spec=body.spec, environment=body.environment)
+
+
+@router.post("/import", dependencies=[Depends(require_token)])
+def import_config(body: ImportRequest) -> dict[str, Any]:
+    """A verl command line or YAML -> spec + warnings. Errors name the offending token and its position."""
+    return interop.import_text(text=body.text, format=body.format)

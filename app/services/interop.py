@@ -1,0 +1,181 @@
+"""Resolution preview and verl interop at the app's edge: untrusted input in, AppErrors out.
+
+The rules themselves live in the worker package (``worker.resolution``, ``worker.verl``); this module
+turns their exceptions into errors naming the field, the value and what is valid, and guards the YAML
+parser against alias bombs and runaway nesting before the text reaches it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import yaml
+
+from app.errors import AppError
+from worker.environment import PROFILES, Environment, UnknownProfileError, get_profile
+from worker.resolution import resolve
+from worker.spec import Issue, RunSpec, SpecError, check_spec, parse_spec, spec_to_tree
+
+ImportFormat = Literal["cli", "yaml", "auto"]
+ExportFormat = Literal["cli", "yaml"]
+
+MAX_IMPORT_CHARS = 200_000
+MAX_YAML_NODES = 50_000
+"""A YAML document may expand (aliases followed) to at most this many nodes; verl's full config has ~700."""
+
+_COMMAND_START = re.compile(r"^\s*(\S*python[\d.]*|torchrun|verl|ray)\b|^\s*[+~]{0,2}[A-Za-z_][\w.]*=", re.MULTILINE)
+
+
+def issue_dicts(issues: list[Issue], prefix: str = "spec") -> list[dict[str, Any]]:
+    return [{**i.as_dict(), "field": f"{prefix}.{i.field}" if prefix else i.field} for i in issues]
+
+
+# --------------------------------------------------------------------------------------------
+# Resolution
+
+
+def environment_of(value: str | dict[str, Any]) -> Environment:
+    """A profile name or a probe dict -> Environment, or a 422 on ``environment``."""
+    if isinstance(value, str):
+        try:
+            return get_profile(value)
+        except UnknownProfileError as exc:
+            raise AppError(422, "unknown_environment", str(exc), field="environment", value=value,
+                           valid=list(PROFILES)) from None
+    try:
+        return Environment.from_dict(value)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        field = message.split(":", 1)[0] if message.startswith("environment.") else "environment"
+        raise AppError(422, "invalid_environment", message, field=field, value=value) from None
+
+
+def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any]) -> dict[str, Any]:
+    """Per-role resolution of ``spec`` on ``environment`` plus the spec's cross-field issues."""
+    env = environment_of(environment)
+    try:
+        run_spec = parse_spec(spec)
+    except SpecError as exc:
+        raise AppError.from_spec_error(exc) from None
+    issues = check_spec(run_spec)
+    return {"resolution": resolve(run_spec, env).to_dict(), "issues": issue_dicts(issues)}
+
+
+# --------------------------------------------------------------------------------------------
+# Import
+
+
+def detect_format(text: str) -> Literal["cli", "yaml"]:
+    """``cli`` when the first meaningful line is a command or a ``key=value`` override, else ``yaml``."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        return "cli" if _COMMAND_START.match(stripped) else "yaml"
+    return "yaml"
+
+
+def _yaml_position(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+
+
+def check_yaml_safety(text: str) -> None:
+    """Refuse YAML that is malformed or would expand past MAX_YAML_NODES (a "billion laughs" alias bomb),
+    composing the node graph once (aliases stay shared there) and counting nodes with aliases followed."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        raise AppError(422, "invalid_yaml", f"text: invalid YAML at {_yaml_position(exc.problem_mark)}: {exc.problem}",
+                       field="text", value=_line_at(text, exc.problem_mark),
+                       issues=[{"field": "text", "message": str(exc.problem), "position": _yaml_position(exc.problem_mark)}]) from None
+    except yaml.YAMLError as exc:
+        raise AppError(422, "invalid_yaml", f"text: invalid YAML: {exc}", field="text") from None
+    except RecursionError:
+        raise AppError(422, "invalid_yaml", "text: YAML nested too deeply", field="text") from None
+    if root is None:
+        return
+    count = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_YAML_NODES:
+            raise AppError(422, "yaml_too_large", f"text: the YAML expands to more than {MAX_YAML_NODES} nodes "
+                           f"(aliases followed); a verl config has about 700", field="text",
+                           valid=f"<= {MAX_YAML_NODES} nodes")
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack.extend((key, value))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
+def _line_at(text: str, mark: Any) -> str | None:
+    if mark is None:
+        return None
+    lines = text.splitlines()
+    return lines[mark.line][:200] if 0 <= mark.line < len(lines) else None
+
+
+def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
+    """A verl command line or YAML -> {"format", "spec", "warnings", "overrides"}."""
+    from worker import verl
+
+    if len(text) > MAX_IMPORT_CHARS:
+        raise AppError(422, "text_too_long", f"text: {len(text)} characters is too long; valid: at most "
+                       f"{MAX_IMPORT_CHARS}", field="text", value=len(text), valid=f"<= {MAX_IMPORT_CHARS} characters")
+    if not text.strip():
+        raise AppError(422, "empty_text", "text: nothing to import; paste a verl command line or YAML", field="text",
+                       value=text)
+    fmt = detect_format(text) if format == "auto" else format
+    if fmt == "yaml":
+        check_yaml_safety(text)
+    try:
+        result = verl.import_yaml(text) if fmt == "yaml" else verl.import_command(text)
+    except verl.VerlImportError as exc:
+        token, position = getattr(exc, "token", None), getattr(exc, "position", None)
+        message = getattr(exc, "message", None) or str(exc)
+        where = f" at position {position}" if position is not None else ""
+        raise AppError(422, "import_error", f"text: {message}{where}", field="text", value=token,
+                       issues=[{"field": "text", "message": message, "token": token, "position": position,
+                                "severity": "error"}]) from None
+    except SpecError as exc:
+        raise AppError.from_spec_error(exc) from None
+    except RecursionError:
+        raise AppError(422, "import_error", "text: nested too deeply", field="text") from None
+    spec = result.spec
+    tree = spec_to_tree(spec) if isinstance(spec, RunSpec) else spec
+    return {"format": fmt, "spec": tree, "warnings": _plain(result.warnings),
+            "overrides": _plain(getattr(result, "overrides", None))}
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+
+
+def export_spec(*, tree: dict[str, Any], format: ExportFormat) -> dict[str, Any]:
+    """A stored spec tree -> {"format", "text", "warnings"} (a verl command line or YAML)."""
+    from worker import verl
+
+    try:
+        spec = parse_spec(tree)
+    except SpecError as exc:
+        raise AppError.from_spec_error(exc) from None
+    result = verl.export_command(spec) if format == "cli" else verl.export_yaml(spec)
+    return {"format": format, "text": result.text, "warnings": _plain(result.warnings)}
+
+
+def _plain(value: Any) -> Any:
+    """Warnings may be Issues, dataclasses or strings: make them JSON."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return str(value)

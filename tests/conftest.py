@@ -1,0 +1,152 @@
+"""Shared fixtures. Database fixtures run every test that uses them twice: on a SQLite file and on
+the local PostgreSQL (127.0.0.1:5432, user postgres), where a fresh, uniquely named database is
+created for the test session and dropped after it.
+
+- ``db_url``: a migrated database URL (one per backend per test session); rows are deleted after
+  every test, so each test starts empty.
+- ``engine`` / ``session``: SQLAlchemy access to it.
+- ``empty_db_url``: a brand-new, unmigrated database (for migration tests).
+- ``settings`` / ``api`` (the FastAPI app) / ``client`` (its TestClient) / ``write_headers`` /
+  ``read_headers``: the app on ``db_url``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+from sqlmodel import Session
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+TABLES = ("event", "run", "spec", "apitoken")
+
+
+def _pg_create(prefix: str) -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def _pg_drop(name: str) -> None:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _pg_url(name: str) -> str:
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def db_backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def _migrated_url(db_backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from app.db import run_migrations
+
+    if db_backend == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'attnboard.db'}"
+        run_migrations(url)
+        yield url
+        return
+    name = _pg_create("attnboard_test")
+    try:
+        run_migrations(_pg_url(name))
+        yield _pg_url(name)
+    finally:
+        _pg_drop(name)
+
+
+@pytest.fixture(scope="session")
+def _session_engine(_migrated_url: str) -> Iterator[Engine]:
+    from app.db import make_engine
+
+    engine = make_engine(_migrated_url)
+    yield engine
+    engine.dispose()
+
+
+def _wipe(engine: Engine) -> None:
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+        else:
+            for table in TABLES:
+                conn.execute(text(f"DELETE FROM {table}"))
+
+
+@pytest.fixture
+def db_url(_migrated_url: str, _session_engine: Engine) -> Iterator[str]:
+    yield _migrated_url
+    _wipe(_session_engine)
+
+
+@pytest.fixture
+def engine(db_url: str, _session_engine: Engine) -> Engine:
+    return _session_engine
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with Session(engine, expire_on_commit=False) as s:
+        yield s
+
+
+@pytest.fixture
+def empty_db_url(db_backend: str, tmp_path) -> Iterator[str]:
+    if db_backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    name = _pg_create("attnboard_empty")
+    try:
+        yield _pg_url(name)
+    finally:
+        _pg_drop(name)
+
+
+@pytest.fixture
+def settings(db_url: str, tmp_path):
+    from app.core.config import Settings
+
+    return Settings(DATA_DIR=tmp_path / "data", DATABASE_URL=db_url)
+
+
+@pytest.fixture
+def api(settings) -> Iterator[FastAPI]:
+    from app.main import create_app
+
+    app = create_app(settings, migrate=False)
+    yield app
+    app.state.engine.dispose()
+
+
+@pytest.fixture
+def client(api: FastAPI) -> Iterator[TestClient]:
+    # raise_server_exceptions: a bug (a would-be 500) fails the test with its traceback.
+    with TestClient(api, raise_server_exceptions=True) as c:
+        yield c
+
+
+def _token_headers(session: Session, scopes: list[str]) -> dict[str, str]:
+    from app.services.tokens import create_token
+
+    _, plaintext = create_token(session, name=f"test-{'-'.join(scopes)}", scopes=scopes)  # type: ignore[arg-type]
+    return {"Authorization": f"Bearer {plaintext}"}
+
+
+@pytest.fixture
+def write_headers(session: Session) -> dict[str, str]:
+    return _token_headers(session, ["read", "write"])
+
+
+@pytest.fixture
+def read_headers(session: Session) -> dict[str, str]:
+    return _token_headers(session, ["read"])
