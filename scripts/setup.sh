@@ -34,8 +34,12 @@ if [ "$want_test" = 1 ]; then
   # verl is only read (its generated default config), never imported: install it without deps.
   .venv/bin/python -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('verl') else 1)" 2>/dev/null \
     || .venv/bin/python -m pip install -q --no-deps "verl==0.9.1"
-  if ! command -v chromium >/dev/null 2>&1; then
+  # Debian packages: chromium for the browser tests, docker-compose to validate docker-compose.yml.
+  missing=""
+  command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+  command -v docker-compose >/dev/null 2>&1 || missing="$missing docker-compose"
+  if [ -n "$missing" ]; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends $missing >/dev/null
   fi
 fi
