@@ -17,6 +17,8 @@ from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
 from starlette.responses import Response
 
+from app.auth_browser import set_pending_cookies
+
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -98,4 +100,5 @@ def render(
     if block is not None and is_htmx(request):
         kwargs["block_name"] = block
     response = templates.TemplateResponse(request, template, ctx, status_code=status_code, headers=headers, **kwargs)
+    set_pending_cookies(request, response)
     return add_security_headers(response)

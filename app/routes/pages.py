@@ -3,21 +3,65 @@ or, for htmx, the block of it that changed (see ``app.web.render``)."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, QueryParams
+
+from app import auth_browser
+from app.deps import SessionDep, get_launcher
+from app.errors import AppError, render_error
+from app.models import Run, RunCreate, RunStatus
+from app.run_view import CHARTS, RunView, aligned_series, apply_event, fold, format_eta, spec_differences
+from app.services import events as events_service
+from app.services import runs as runs_service
+from app.services import tokens as tokens_service
+from app.services.auth import Principal, current_principal
 
 from app.run_form import ATTENTION_HELP, FIELDS, FormError, form_to_spec_data, grouped_fields, issues_by_field, \
     spec_to_form_values
-from app.web import add_security_headers, render
+from app.web import STATIC_DIR, add_security_headers, render, templates
 from worker.environment import PROFILES, Environment
 from worker.resolution import Resolution, resolve
-from worker.spec import Issue, RunSpec, SpecError, check_spec, parse_spec
+from worker.spec import Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
 from worker.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
+
+
+class LoginRequired(Exception):
+    """A page that needs a principal was asked for anonymously: the browser goes to /login."""
+
+
+def page_user(request: Request, session: SessionDep) -> Principal:
+    """Who is looking (bearer token or session cookie), and the CSRF token the page embeds."""
+    principal = current_principal(request, session, request.app.state.authenticators)
+    request.state.principal = principal
+    request.state.csrf_token = auth_browser.csrf_token_for(request)
+    if request.app.state.settings.REQUIRE_TOKEN_FOR_READS and not principal.can("read"):
+        raise LoginRequired()
+    return principal
+
+
+PageUser = Annotated[Principal, Depends(page_user)]
+CSRF = [Depends(auth_browser.check_csrf)]
+
+
+def require_page_write(principal: Principal) -> None:
+    if principal.kind == "anonymous":
+        raise LoginRequired()
+    if not principal.can("write"):
+        raise AppError(403, "forbidden", f"{principal.kind} {principal.name!r} is read only: launching, cancelling "
+                       "and retrying need a token with the write scope", field="scope",
+                       value=sorted(principal.scopes), valid=["write"])
 
 DEFAULT_ENV = "cpu"
 
@@ -115,19 +159,19 @@ def page_context(request: Request) -> dict[str, Any]:
 
 
 @router.get("/runs/new")
-def new_run(request: Request) -> Response:
+def new_run(request: Request, _: PageUser) -> Response:
     state = FormState(spec=starting_spec())
     return render(request, "run_new.html", {**page_context(request), **state.context()})
 
 
-@router.post("/runs/preview")
-async def preview(request: Request) -> Response:
+@router.post("/runs/preview", dependencies=CSRF)
+async def preview(request: Request, _: PageUser) -> Response:
     state = FormState(_multi(await request.form()))
     return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview")
 
 
-@router.post("/runs/import")
-async def import_verl(request: Request) -> Response:
+@router.post("/runs/import", dependencies=CSRF)
+async def import_verl(request: Request, _: PageUser) -> Response:
     form = _multi(await request.form())
     text = (form.get("verl_text") or [""])[-1]
     importer = import_yaml if _looks_like_yaml(text) else import_command
@@ -163,7 +207,7 @@ def _looks_like_yaml(text: str) -> bool:
 
 
 @router.get("/runs/export/command")
-def export_form_command(request: Request) -> Response:
+def export_form_command(request: Request, _: PageUser) -> Response:
     state = FormState(_multi(request.query_params))
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview",
@@ -173,7 +217,7 @@ def export_form_command(request: Request) -> Response:
 
 
 @router.get("/runs/export.yaml")
-def export_form_yaml(request: Request) -> Response:
+def export_form_yaml(request: Request, _: PageUser) -> Response:
     state = FormState(_multi(request.query_params))
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
@@ -185,3 +229,298 @@ def export_form_yaml(request: Request) -> Response:
 
 def redirect(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303)
+
+
+# --------------------------------------------------------------------------------------------
+# Launch
+
+
+@router.post("/runs", dependencies=CSRF)
+async def launch(request: Request, principal: PageUser, session: SessionDep) -> Response:
+    require_page_write(principal)
+    form = _multi(await request.form())
+    state = FormState(form)
+    if state.spec is None or state.errors:
+        return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
+    data = RunCreate(name=state.name or state.spec.trainer.experiment_name or None,
+                     spec=state.spec.model_dump(mode="json"), environment=state.env_name)
+    run = await run_in_threadpool(runs_service.create_run, session, data=data, launcher=get_launcher(request))
+    return redirect(f"/runs/{run.id}")
+
+
+# --------------------------------------------------------------------------------------------
+# Login
+
+
+@router.get("/login")
+def login_page(request: Request, next: str = "/") -> Response:
+    request.state.csrf_token = auth_browser.csrf_token_for(request)
+    return render(request, "login.html", {"csrf_token": request.state.csrf_token, "principal": None,
+                                          "next": auth_browser.safe_next(next), "error": None})
+
+
+@router.post("/login", dependencies=CSRF)
+async def login(request: Request, session: SessionDep) -> Response:
+    form = await request.form()
+    token = str(form.get("token") or "").strip()
+    target = auth_browser.safe_next(str(form.get("next") or "/"))
+    row = await run_in_threadpool(tokens_service.authenticate_token, session, token=token) if token else None
+    if row is None:
+        request.state.csrf_token = auth_browser.csrf_token_for(request)
+        message = "enter an API token (atb_...)" if not token else "unknown or revoked token"
+        return render(request, "login.html", {"csrf_token": request.state.csrf_token, "principal": None,
+                                              "next": target, "error": message}, status_code=401)
+    response = redirect(target)
+    auth_browser.start_session(request, response, row)
+    return response
+
+
+@router.post("/logout", dependencies=CSRF)
+def logout() -> Response:
+    response = redirect("/login")
+    auth_browser.end_session(response)
+    return response
+
+
+# --------------------------------------------------------------------------------------------
+# Runs list
+
+PAGE_SIZE = 25
+
+
+@router.get("/")
+def runs_list(request: Request, _: PageUser, session: SessionDep, status: str = "", q: str = "", page: int = 1) -> Response:
+    statuses = [RunStatus(s) for s in status.split(",") if s in RunStatus.__members__]
+    page = max(1, page)
+    rows, total = runs_service.list_runs(session, status=statuses or None, name=q.strip() or None,
+                                         limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
+    return render(request, "runs.html", {**page_context(request), "runs": rows, "total": total, "page": page,
+                                         "pages": max(1, -(-total // PAGE_SIZE)), "status": status, "q": q,
+                                         "statuses": [s.value for s in RunStatus],
+                                         "badges": {r.id: _attention_badges(r) for r in rows}}, block="runs")
+
+
+def _attention_badges(run: Run) -> list[tuple[str, str, str]]:
+    """(role, effective, badge) from the run row's summary; the preview's source when no event yet."""
+    out = []
+    for role, effective in (run.effective_attention or {}).items():
+        summary = effective if isinstance(effective, dict) else {"effective": effective}
+        out.append((role, str(summary.get("effective")), str(summary.get("badge") or summary.get("status") or "ok")))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Live run page and its event stream
+
+
+def _load_view(session: Session, run: Run) -> RunView:
+    events: list[Any] = []
+    after = 0
+    while True:
+        batch, _ = events_service.events_since(session, run_id=run.id, after_seq=after, limit=1000)
+        events.extend(batch)
+        if len(batch) < 1000:
+            break
+        after = batch[-1].seq
+    return fold(events, total_steps=run.total_steps, status=run.status)
+
+
+def _run_context(request: Request, session: Session, run: Run) -> dict[str, Any]:
+    view = _load_view(session, run)
+    return {**page_context(request), "run": run, "view": view, "charts": CHARTS, "eta": format_eta(view.eta_seconds),
+            "critic_fell_back": view.fell_back("critic") and bool(runs_service_spec_has_critic(run))}
+
+
+def runs_service_spec_has_critic(run: Run) -> bool:
+    return (run.spec.get("algorithm") or {}).get("adv_estimator", "gae") == "gae"
+
+
+@router.get("/runs/{run_id}")
+def run_page(request: Request, run_id: int, _: PageUser, session: SessionDep) -> Response:
+    run = runs_service.get_run(session, run_id=run_id)
+    return render(request, "run.html", _run_context(request, session, run), block="status")
+
+
+STREAM_BLOCKS = {"status": "status", "attention": "attention", "env_probe": "probe", "fallback": "trouble_row",
+                 "error": "trouble_row", "log": "log_row"}
+SSE_NAMES = {"fallback": "trouble", "error": "trouble"}
+POLL_MIN_S, POLL_MAX_S = 0.25, 2.0
+
+
+def _sse(event: str, data: str, seq: int | None = None) -> str:
+    lines = [f"event: {event}"] + (["id: %d" % seq] if seq is not None else [])
+    lines += [f"data: {line}" for line in data.splitlines() or [""]]
+    return "\n".join(lines) + "\n\n"
+
+
+def _block(request: Request, name: str, ctx: dict[str, Any]) -> str:
+    template = templates.env.get_template("run.html")
+    return "".join(template.blocks[name](template.new_context({**ctx, "request": request}))).strip()
+
+
+def _session_for(request: Request) -> Session:
+    return Session(request.app.state.engine, expire_on_commit=False)
+
+
+@router.get("/runs/{run_id}/stream")
+async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0) -> Response:
+    """Server-sent events from seq > Last-Event-ID (or ?after=): each event's `id:` is its seq, so a
+    reconnect resumes exactly. The stream sleeps between DB reads, backing off while nothing happens,
+    and ends (event `end`) once the run is terminal and every event has been sent."""
+    header = request.headers.get("last-event-id", "")
+    start = int(header) if header.isdigit() else max(0, after)
+
+    def load() -> tuple[Run, RunView]:
+        with _session_for(request) as s:
+            run = runs_service.get_run(s, run_id=run_id)
+            events: list[Any] = []
+            last = 0
+            while last < start:
+                batch, _ = events_service.events_since(s, run_id=run_id, after_seq=last, limit=min(1000, start - last))
+                if not batch:
+                    break
+                events.extend(batch)
+                last = batch[-1].seq
+            return run, fold(events, total_steps=run.total_steps)
+
+    run, view = await run_in_threadpool(load)
+    base = {"run": run, "charts": CHARTS, "principal": request.state.principal, "csrf_token": request.state.csrf_token}
+
+    def fetch(after_seq: int) -> tuple[list[Any], str]:
+        with _session_for(request) as s:
+            batch, _ = events_service.events_since(s, run_id=run_id, after_seq=after_seq, limit=200)
+            current = runs_service.get_run(s, run_id=run_id)
+            return batch, current.status
+
+    async def messages() -> AsyncIterator[str]:
+        delay = POLL_MIN_S
+        yield "retry: 1000\n\n"
+        while True:
+            if await request.is_disconnected():
+                return
+            batch, status = await run_in_threadpool(fetch, view.last_seq)
+            for ev in batch:
+                apply_event(view, seq=ev.seq, kind=ev.kind, payload=ev.payload, ts=ev.ts)
+                ctx = {**base, "view": view, "eta": format_eta(view.eta_seconds), "entry": None,
+                       "critic_fell_back": view.fell_back("critic") and runs_service_spec_has_critic(run)}
+                if ev.kind == "metric":
+                    yield _sse("status", _block(request, "status", ctx))
+                    yield _sse("metric", json.dumps(view.metrics[-1]) if view.metrics else "{}", ev.seq)
+                    continue
+                name = STREAM_BLOCKS.get(ev.kind)
+                if name is None:
+                    yield _sse("other", "", ev.seq)
+                    continue
+                if name in ("trouble_row", "log_row"):
+                    ctx["entry"] = (view.trouble if ev.kind != "log" else view.logs)[-1]
+                yield _sse(SSE_NAMES.get(ev.kind, ev.kind), _block(request, name, ctx), ev.seq)
+                if ev.kind in ("fallback", "error", "attention"):
+                    yield _sse("actions", _block(request, "actions", ctx))
+            if batch:
+                delay = POLL_MIN_S
+                continue
+            if status in TERMINAL_STATUSES_STR:
+                yield _sse("end", "done")
+                return
+            await asyncio.sleep(delay)
+            delay = min(POLL_MAX_S, delay * 2)
+
+    return StreamingResponse(messages(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+TERMINAL_STATUSES_STR = frozenset({"succeeded", "failed", "cancelled"})
+
+
+@router.post("/runs/{run_id}/cancel", dependencies=CSRF)
+def cancel(request: Request, run_id: int, principal: PageUser, session: SessionDep) -> Response:
+    require_page_write(principal)
+    runs_service.cancel_run(session, run_id=run_id, launcher=get_launcher(request))
+    return redirect(f"/runs/{run_id}")
+
+
+@router.post("/runs/{run_id}/retry", dependencies=CSRF)
+async def retry(request: Request, run_id: int, principal: PageUser, session: SessionDep) -> Response:
+    """Retry as it was, or with eager on one role (``eager_on=critic|actor``): the seed's first remedy."""
+    require_page_write(principal)
+    form = await request.form()
+    role = str(form.get("eager_on") or "")
+    sections = {"critic": "critic", "actor": "actor_rollout_ref"}
+    if role and role not in sections:
+        raise AppError(422, "invalid_request", f"eager_on {role!r} is not a role with its own attention setting",
+                       field="eager_on", value=role, valid=list(sections))
+    patch = {f"{sections[role]}.model.override_config.attn_implementation": "eager"} if role else {}
+    new = await run_in_threadpool(runs_service.retry_run, session, run_id=run_id, patch=patch,
+                                  launcher=get_launcher(request))
+    return redirect(f"/runs/{new.id}")
+
+
+# --------------------------------------------------------------------------------------------
+# Compare
+
+
+@router.get("/compare")
+def compare(request: Request, _: PageUser, session: SessionDep, ids: str = "") -> Response:
+    wanted = [int(x) for x in re.findall(r"\d+", ids)][:8]
+    runs = [runs_service.get_run(session, run_id=i) for i in dict.fromkeys(wanted)]
+    views = [_load_view(session, r) for r in runs]
+    diffs = spec_differences([flatten(r.spec) for r in runs])
+    curves = [(f"#{r.id} {r.name}", [(m["step"], _first(m["values"], "reward|score")) for m in v.metrics
+                                     if _first(m["values"], "reward|score") is not None]) for r, v in zip(runs, views)]
+    summary = [{"run": r, "view": v, "tokens_per_s": _mean(v, "tokens_per_s|tokens/s|throughput"),
+                "step_time": _mean(v, "step_time|time/step"), "peak_memory": _max(v, "mem")} for r, v in zip(runs, views)]
+    return render(request, "compare.html", {**page_context(request), "runs": runs, "summary": summary, "diffs": diffs,
+                                            "reward": aligned_series(curves), "ids": ids,
+                                            "recent": runs_service.list_runs(session, limit=20)[0]})
+
+
+def _values(view: RunView, pattern: str) -> list[float]:
+    rx = re.compile(pattern, re.I)
+    return [v for m in view.metrics for k, v in m["values"].items() if rx.search(k)]
+
+
+def _first(values: dict[str, float], pattern: str) -> float | None:
+    rx = re.compile(pattern, re.I)
+    return next((v for k, v in sorted(values.items()) if rx.search(k)), None)
+
+
+def _mean(view: RunView, pattern: str) -> float | None:
+    found = _values(view, pattern)
+    return sum(found) / len(found) if found else None
+
+
+def _max(view: RunView, pattern: str) -> float | None:
+    found = _values(view, pattern)
+    return max(found) if found else None
+
+
+# --------------------------------------------------------------------------------------------
+# Wiring
+
+
+def install(app: FastAPI) -> None:
+    """Add the dashboard to an app: pages, static files, the session authenticator, HTML errors."""
+    app.include_router(router)
+    if not any(getattr(r, "name", None) == "static" for r in app.routes):
+        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    authenticators = getattr(app.state, "authenticators", None)
+    if authenticators is None:
+        app.state.authenticators = authenticators = []
+    if auth_browser.session_authenticator not in authenticators:
+        authenticators.append(auth_browser.session_authenticator)
+
+    async def login_required(request: Request, exc: LoginRequired) -> Response:
+        return redirect(f"/login?next={request.url.path}")
+
+    async def app_error(request: Request, exc: AppError) -> Response:
+        if request.url.path.startswith("/api") or "text/html" not in request.headers.get("accept", "") \
+                and request.headers.get("HX-Request") != "true":
+            return render_error(request, exc)
+        if not hasattr(request.state, "csrf_token"):
+            request.state.csrf_token = auth_browser.csrf_token_for(request)
+        return render(request, "error.html", {"error": exc, "principal": getattr(request.state, "principal", None),
+                                              "csrf_token": request.state.csrf_token}, status_code=exc.status,
+                      headers=exc.headers)
+
+    app.add_exception_handler(LoginRequired, login_required)  # type: ignore[arg-type]
+    app.add_exception_handler(AppError, app_error)  # type: ignore[arg-type]

@@ -1,0 +1,133 @@
+"""Browser sessions: log in with an API token, keep a signed session cookie, protect every form.
+
+The session cookie (HttpOnly, SameSite=Lax, signed with ``SECRET_KEY`` by itsdangerous) holds the
+token's id, the first characters of its hash and the session's CSRF token; each request checks the
+token row again, so revoking the token ends the session. The session grants the token's scopes:
+a write token may launch, a read-only one may look.
+
+CSRF is a double-submit token tied to the session: every page carries it (a hidden ``csrf_token``
+field in forms, ``X-CSRF-Token`` on ``<body hx-headers>`` for htmx) and every browser POST must send
+it back. Before login the token lives in its own signed cookie.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from typing import Any
+
+from fastapi import Request
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlmodel import Session
+from starlette.responses import Response
+
+from app.errors import AppError
+from app.models import ApiToken
+from app.services.auth import Principal
+
+SESSION_COOKIE = "attnboard_session"
+CSRF_COOKIE = "attnboard_csrf"
+CSRF_HEADER = "X-CSRF-Token"
+CSRF_FIELD = "csrf_token"
+SESSION_MAX_AGE_S = 12 * 3600
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _signer(request: Request, purpose: str) -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(request.app.state.settings.SECRET_KEY, salt=f"attnboard.{purpose}")
+
+
+def read_session(request: Request) -> dict[str, Any] | None:
+    raw = request.cookies.get(SESSION_COOKIE)
+    if not raw:
+        return None
+    try:
+        data = _signer(request, "session").loads(raw, max_age=SESSION_MAX_AGE_S)
+    except BadSignature:
+        return None
+    return data if isinstance(data, dict) and {"t", "h", "c"} <= data.keys() else None
+
+
+def _pre_session_csrf(request: Request) -> str | None:
+    raw = request.cookies.get(CSRF_COOKIE)
+    if not raw:
+        return None
+    try:
+        value = _signer(request, "csrf").loads(raw, max_age=SESSION_MAX_AGE_S)
+    except BadSignature:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def session_authenticator(request: Request, session: Session) -> Principal | None:
+    """The app's authenticator for the session cookie (appended after the bearer one).
+
+    A cookie alone never authorises a state change on the API: an unsafe request outside the pages
+    (which check the form field themselves) must also carry the session's ``X-CSRF-Token`` header."""
+    data = read_session(request)
+    if data is None:
+        return None
+    row = session.get(ApiToken, data["t"])
+    if row is None or row.revoked or not hmac.compare_digest(row.token_hash[:16], str(data["h"])):
+        return None
+    if request.method not in SAFE_METHODS and not getattr(request.state, "csrf_checked", False):
+        if not hmac.compare_digest(request.headers.get(CSRF_HEADER, ""), str(data["c"])):
+            return None
+    return Principal(kind="session", name=row.name, scopes=frozenset(row.scopes), token_id=row.id)
+
+
+def csrf_token_for(request: Request) -> str:
+    """The CSRF token this browser must send back; a fresh pre-session one is set by ``render``."""
+    data = read_session(request)
+    if data is not None:
+        return str(data["c"])
+    existing = _pre_session_csrf(request)
+    if existing:
+        return existing
+    token = secrets.token_urlsafe(24)
+    request.state.new_csrf_cookie = _signer(request, "csrf").dumps(token)
+    return token
+
+
+def set_pending_cookies(request: Request, response: Response) -> None:
+    """Called by ``app.web.render``: store a newly minted pre-session CSRF token."""
+    value = getattr(request.state, "new_csrf_cookie", None)
+    if value:
+        response.set_cookie(CSRF_COOKIE, value, max_age=SESSION_MAX_AGE_S, httponly=True, samesite="lax",
+                            secure=request.url.scheme == "https", path="/")
+
+
+async def check_csrf(request: Request) -> None:
+    """403 unless a POST from the browser carries this session's CSRF token (header or form field)."""
+    if request.method in SAFE_METHODS:
+        return
+    data = read_session(request)
+    expected = str(data["c"]) if data is not None else _pre_session_csrf(request)
+    given = request.headers.get(CSRF_HEADER)
+    if given is None:
+        form = await request.form()
+        field = form.get(CSRF_FIELD)
+        given = field if isinstance(field, str) else None
+    if not expected or not given or not hmac.compare_digest(given, expected):
+        raise AppError(403, "csrf_failed",
+                       "the form's CSRF token is missing or does not match this session; reload the page and try again",
+                       field=CSRF_FIELD, valid="the token of the page the form came from")
+    request.state.csrf_checked = True
+
+
+def start_session(request: Request, response: Response, token: ApiToken) -> None:
+    value = _signer(request, "session").dumps({"t": token.id, "h": token.token_hash[:16], "c": secrets.token_urlsafe(24)})
+    response.set_cookie(SESSION_COOKIE, value, max_age=SESSION_MAX_AGE_S, httponly=True, samesite="lax",
+                        secure=request.url.scheme == "https", path="/")
+    response.delete_cookie(CSRF_COOKIE, path="/")
+
+
+def end_session(response: Response) -> None:
+    response.delete_cookie(SESSION_COOKIE, path="/")
+
+
+def safe_next(target: str | None) -> str:
+    """Only a local path may follow a login: no scheme, no host, no ``//`` or backslash tricks."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target or "\n" in target:
+        return "/"
+    return target
