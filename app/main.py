@@ -12,7 +12,7 @@ from app.core.config import Settings, get_settings
 from app.db import make_engine, run_migrations
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit
-from app.routes import health, runs, specs, tokens, tools
+from app.routes import health, pages, runs, specs, tokens, tools
 from app.services.auth import bearer_authenticator
 from app.services.launcher import Launcher
 
@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         app.include_router(router)
 
     # ---- dashboard (owned by the dashboard engineer): add the pages router below this line.
+    pages.install(app)
     # ---- end dashboard
 
     return app
