@@ -119,7 +119,9 @@ class ErrorInfo:
     @property
     def head(self) -> str:
         """The final line a user sees: ``Type: message``."""
-        return f"{self.exc_type}: {self.message}" if self.exc_type else self.message
+        if self.exc_type and self.message:
+            return f"{self.exc_type}: {self.message}"
+        return self.exc_type or self.message
 
     @classmethod
     def from_exception(cls, exc: BaseException) -> ErrorInfo:
