@@ -24,7 +24,7 @@ import difflib
 import re
 import traceback as _traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -612,23 +612,24 @@ def _rule(category: Category, pattern: str, build: Callable[[_Context], Diagnosi
 
 
 RULES: tuple[Rule, ...] = (
-    # 1. Hydra's override errors quote the user's key and value (which may name flash_attention_2), so they
-    #    are recognised before any attention rule.
+    # 1. Configuration errors, before anything ran: Hydra's quote the user's key and value, which may name
+    #    an implementation, so they come before every attention rule.
     _rule(Category.hydra_plus_override,
           r"Could not override '(?P<key>[^']+)'\.[^\n]*?\s*To append to your config use \+(?P<append>\S+)",
           _hydra_plus),
     _rule(Category.hydra_plus_override,
           r"An item is already at '(?P<key>[^']+)'\.\s*Either remove \+ prefix: '(?P<existing>[^']+)'", _hydra_plus),
-    # 2. The unknown-name message lists every valid name (flash_attention_2 among them): before flash rules.
+    # 2. The unknown-name message lists every valid name (flash_attention_2 among them): it is the name
+    #    that is wrong, whatever else the list mentions.
     _rule(Category.unknown_implementation,
           r"Specified `?attn_implementation=\"?(?P<name>[^\"`\s]*)\"?`? is not supported", _unknown_name),
-    # 3. A Hub kernel's failure surfaces on the flash-attention path: before the flash-attn rules.
+    # 3. A Hub kernel fails on transformers' flash-attention path (its traceback shows flash frames).
     _rule(Category.kernels_missing, r"`kernels` is either not installed or uses an incompatible version",
           _kernels_missing),
     _rule(Category.kernels_missing, r"requires `kernels` to be installed", _kernels_missing),
     _rule(Category.kernels_missing, r"No module named 'kernels(?:\.[\w.]+)?'", _kernels_missing),
-    # 4. flash-attn present but unusable (too old, wrong build) before "not installed": a broken build also
-    #    fails to import, and its message names the compiled module.
+    # 4. flash-attn present but unusable (too old, wrong build): a broken build fails to import too, and is
+    #    told from a missing package by the compiled module it names (flash_attn_2_cuda).
     _rule(Category.flash_attn_version, r"FlashAttention(?P<fa>\d) requires at least version `?(?P<min>\d+(?:\.\d+)*)",
           _flash_version),
     _rule(Category.flash_attn_version,
@@ -664,7 +665,7 @@ RULES: tuple[Rule, ...] = (
           r"(?P<model>\w+) does not support an attention implementation through "
           r"torch\.nn\.functional\.scaled_dot_product_attention yet", _architecture),
     _rule(Category.architecture_unsupported,
-          r"(?P<model>\w+) does not support an attention implementation through torch's flex_attention",
+          r"(?P<model>\w+) does not support (?:an attention implementation through torch's )?flex_attention",
           _architecture),
     _rule(Category.architecture_unsupported, r"`sdpa` attention does not support `softcap`", _architecture),
     # 8. Kernel features.
@@ -675,14 +676,16 @@ RULES: tuple[Rule, ...] = (
     _rule(Category.forced_by_engine,
           r"forc(?:es|ed|ing) (?:the )?(?:attention (?:implementation )?)?(?:to )?`?eager`?|eager (?:attention )?"
           r"(?:is |was )?forced", _forced_eager),
-    # 10. Memory, last: its patterns are generic and a real attention error should name its own cause.
+    # 10. Memory, last: an attention error that mentions memory on the way should keep its own cause.
     _rule(Category.out_of_memory, r"(?:CUDA|HIP|NPU|XPU|MPS backend) out of memory", _out_of_memory),
     _rule(Category.out_of_memory, r"OutOfMemoryError", _out_of_memory),
     _rule(Category.out_of_memory, r"DefaultCPUAllocator: can't allocate memory", _out_of_memory),
     _rule(Category.out_of_memory, r"std::bad_alloc", _out_of_memory),
     _rule(Category.out_of_memory, r"^MemoryError\b", _out_of_memory),
 )
-"""Ordered: first match wins. The whole table is tried on ``Type: message`` first and only then on the
+"""Ordered from the most specific text to the most generic; first match wins. Where two rules could
+match one text the earlier is the right answer (the Turbo conflict says "forces eager"; a flash-attn
+message may mention memory). The whole table is tried on ``Type: message`` first and only then on the
 traceback, so the error a user saw outranks an earlier one chained into its traceback."""
 
 

@@ -26,6 +26,7 @@ from worker.classify import (
     fast_path_patch,
     suggest_return_to_fast_path,
 )
+from worker import messages
 from worker.spec import TURBO_CONFLICT_MESSAGE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tracebacks"
@@ -201,6 +202,34 @@ def test_message_table(exc_type, message, category, impl):
     assert diagnosis.step == CATEGORY_STEP[category]
     assert diagnosis.summary and "\n" not in diagnosis.summary
     assert diagnosis.remedy.sentence.endswith(".")
+
+
+# The texts the resolution preview quotes (worker/messages.py) must classify as the preview's rule says.
+PREVIEW_MESSAGES = [
+    (messages.flash_attn_not_installed(2, 5), C.flash_attn_not_installed, "flash_attention_2"),
+    (messages.flash_attn_not_installed(2, 4), C.flash_attn_not_installed, "flash_attention_2"),
+    (messages.flash_attn_not_installed(3, 5), C.flash_attn_not_installed, "flash_attention_3"),
+    (messages.flash_attn_too_old("2.0.4", 5), C.flash_attn_version, "flash_attention_2"),
+    (messages.flash_attn_too_old("2.0.4", 4), C.flash_attn_version, "flash_attention_2"),
+    (messages.flash_attn_not_on_cpu(2, 5), C.not_on_cpu, "flash_attention_2"),
+    (messages.flash_attn_not_on_cpu(2, 4), C.not_on_cpu, "flash_attention_2"),
+    (messages.flash_attn_compute_capability(3, 9, (8, 0)), C.unsupported_hardware, "flash_attention_3"),
+    (messages.PRE_AMPERE, C.unsupported_hardware, "flash_attention_2"),
+    (messages.architecture_without_flash_attn("Gemma3Model", 2, 5), C.architecture_unsupported, "flash_attention_2"),
+    (messages.architecture_without_flash_attn("Gemma3Model", 2, 4), C.architecture_unsupported, "flash_attention_2"),
+    (messages.architecture_without_sdpa("GPT2Model"), C.architecture_unsupported, "sdpa"),
+    ("GPT2Model does not support flex_attention yet.", C.architecture_unsupported, "flex_attention"),
+    (messages.KERNELS_MISSING, C.kernels_missing, None),
+    (messages.FLEX_BACKWARD_CPU, C.flex_backward_cpu, "flex_attention"),
+    (messages.SDPA_OUTPUT_ATTENTIONS, C.output_attentions_unsupported, "sdpa"),
+    (messages.unknown_implementation("flsh"), C.unknown_implementation, "flsh"),
+]
+
+
+@pytest.mark.parametrize("message,category,impl", PREVIEW_MESSAGES, ids=[str(i) for i in range(len(PREVIEW_MESSAGES))])
+def test_preview_messages_classify_as_predicted(message, category, impl):
+    diagnosis = classify(ErrorInfo("", message))
+    assert (diagnosis.category, diagnosis.implementation) == (category, impl)
 
 
 # (fixture file, exception type, category, implementation, patch for role=critic)
