@@ -1,0 +1,283 @@
+"""The dashboard's pages and fragments, checked by CSS selector on the parsed HTML."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from app.run_form import FIELDS
+from app.web import CONTENT_SECURITY_POLICY
+from tests.app.pages_support import XSS_NAME, csrf_of, login, soup, stored_run, succeeded_events
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+SEED_CRITIC_COMMAND = """python3 ppo_trainer.py \\
+    actor_rollout_ref.model.override_config.attn_implementation=eager \\
+    critic.model.override_config.attn_implementation=eager \\
+    [other parameters...]"""
+
+
+def preview_rows(html: str) -> dict[str, dict[str, str]]:
+    rows = {}
+    for tr in soup(html).select("#preview table.resolution tbody tr"):
+        rows[tr["data-role"]] = {
+            "requested": tr.select_one("td.requested").get_text(strip=True),
+            "effective": tr.select_one("td.effective").get_text(strip=True),
+            "badge": tr.select_one("td.status .badge").get_text(" ", strip=True).split()[-1],
+            "rules": " ".join(li["data-rule"] for li in tr.select("td.reasons li")),
+        }
+    return rows
+
+
+def form_data(html: str) -> dict[str, str]:
+    """What a browser would submit for the run form as rendered (last value wins, as the app reads it)."""
+    page = soup(html)
+    data: dict[str, str] = {}
+    for el in page.select("#run-form input, #run-form select"):
+        name = el.get("name")
+        if not name:
+            continue
+        if el.name == "select":
+            chosen = el.select_one("option[selected]") or el.select_one("option")
+            data[name] = chosen["value"] if chosen else ""
+        elif el.get("type") == "checkbox":
+            if el.has_attr("checked"):
+                data[name] = el["value"]
+        else:
+            data[name] = el.get("value", "")
+    return data
+
+
+# --------------------------------------------------------------------------------------------
+# New-run form
+
+
+def test_form_has_a_labelled_input_for_every_spec_field(client):
+    page = soup(client.get("/runs/new").text)
+    for f in FIELDS:
+        control = page.select_one(f"#run-form [id='{f.input_id}']")
+        assert control is not None, f.key
+        assert control["name"] == f.key
+        assert page.select_one(f"label[for='{f.input_id}']") is not None, f"{f.key} has no label"
+    assert [legend.get_text(strip=True) for legend in page.select("#run-form legend")][:3] == [
+        "Run", "Model", "Attention per role"]
+
+
+def test_form_starts_from_a_spec_that_resolves(client):
+    html = client.get("/runs/new").text
+    assert set(preview_rows(html)) == {"actor", "rollout", "reference", "critic"}
+
+
+@pytest.mark.parametrize(
+    "strategy,expected_badge,expected_effective,rule",
+    [
+        ("fsdp_turbo", "forced", "eager", "forced-eager-fsdp-turbo-ulysses"),
+        ("fsdp2", "override", "sdpa", "override"),
+    ],
+)
+def test_preview_turbo_ulysses_forces_eager(client, strategy, expected_badge, expected_effective, rule):
+    page = client.get("/runs/new").text
+    data = form_data(page)
+    data.update({
+        "actor_rollout_ref.actor.strategy": strategy,
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": "2",
+        "trainer.n_gpus_per_node": "2",
+        "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+        "actor_rollout_ref.model.use_remove_padding": "true",
+    })
+    resp = client.post("/runs/preview", data=data, headers={"HX-Request": "true", "X-CSRF-Token": csrf_of(page)})
+    assert resp.status_code == 200, resp.text
+    assert soup(resp.text).select_one("body") is None, "htmx gets the fragment, not the page"
+    actor = preview_rows(resp.text)["actor"]
+    assert (actor["requested"], actor["effective"], actor["badge"]) == ("sdpa", expected_effective, expected_badge)
+    assert rule in actor["rules"]
+
+
+def test_validation_error_is_shown_beside_its_field(client):
+    page = client.get("/runs/new").text
+    data = form_data(page) | {"actor_rollout_ref.actor.ppo_mini_batch_size": "-3", "csrf_token": csrf_of(page)}
+    resp = client.post("/runs/preview", data=data)
+    field = soup(resp.text).select_one("#f-actor-rollout-ref-actor-ppo-mini-batch-size").parent
+    assert "has-error" in field["class"]
+    assert field.select_one("p.error").get_text() == "'-3' is out of range: input should be greater than 0"
+    assert not soup(resp.text).select("#preview table.resolution")
+
+
+def test_import_fills_the_form_from_the_seed_critic_example(client):
+    page = client.get("/runs/new").text
+    resp = client.post("/runs/import", data={"verl_text": SEED_CRITIC_COMMAND, "csrf_token": csrf_of(page)},
+                       headers={"HX-Request": "true"})
+    assert resp.status_code == 200, resp.text
+    form = soup(resp.text)
+    for key in ("actor_rollout_ref.model.override_config.attn_implementation",
+                "critic.model.override_config.attn_implementation"):
+        assert form.select_one(f"select[name='{key}'] option[selected]")["value"] == "eager"
+    assert form.select_one("#import-notes") is not None
+
+
+def test_import_error_names_the_token(client):
+    page = client.get("/runs/new").text
+    resp = client.post("/runs/import", data={"verl_text": "python3 -m verl.trainer.main_ppo critic.optim.lr=abc",
+                                             "csrf_token": csrf_of(page)})
+    assert resp.status_code == 422
+    assert "critic.optim.lr" in soup(resp.text).select_one("#import-errors").get_text()
+
+
+def test_export_command_and_yaml_of_the_current_form(client):
+    page = client.get("/runs/new").text
+    data = form_data(page) | {"critic.model.override_config.attn_implementation": "sdpa", "name": "my run"}
+    cmd = client.get("/runs/export/command", params=data, headers={"HX-Request": "true"})
+    assert "+critic.model.override_config.attn_implementation=sdpa" in soup(cmd.text).select_one("#export-text").get_text()
+    yml = client.get("/runs/export.yaml", params=data)
+    assert yml.headers["content-disposition"] == 'attachment; filename="my-run.yaml"'
+    assert "attn_implementation: sdpa" in yml.text
+
+
+# --------------------------------------------------------------------------------------------
+# Security: CSP, CSRF, auth, XSS
+
+
+def test_every_page_has_the_csp_and_no_inline_script(client, session):
+    run_id = stored_run(session, name="x", events=succeeded_events())
+    for url in ("/", "/runs/new", "/login", f"/runs/{run_id}", f"/compare?ids={run_id}"):
+        resp = client.get(url)
+        assert resp.status_code == 200, url
+        assert resp.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        for script in soup(resp.text).select("script"):
+            assert script.get("src", "").startswith("/static/") or script.get("type") == "application/json", url
+        assert not soup(resp.text).select("[style]"), f"inline style on {url}"
+
+
+def test_static_assets_are_served_locally(client):
+    for path in ("/static/vendor/htmx.min.js", "/static/vendor/htmx-ext-sse.min.js", "/static/vendor/uPlot.iife.min.js",
+                 "/static/app.js", "/static/app.css"):
+        assert client.get(path).status_code == 200, path
+
+
+def test_post_without_csrf_token_is_refused(client):
+    resp = client.post("/runs/preview", data={"env": "cpu"}, headers={"Accept": "text/html"})
+    assert resp.status_code == 403
+    assert "CSRF token" in soup(resp.text).select_one(".error-message").get_text()
+
+
+def test_session_cookie_flags_and_write_launches(client, session):
+    _, = [None]
+    csrf = login(client, session, ["read", "write"])
+    cookie = next(c for c in client.cookies.jar if c.name == "attnboard_session")
+    assert cookie.has_nonstandard_attr("HttpOnly")
+    page = client.get("/runs/new").text
+    resp = client.post("/runs", data=form_data(page) | {"name": "from the form"}, follow_redirects=False)
+    assert resp.status_code == 303
+    run_page = client.get(resp.headers["location"])
+    assert soup(run_page.text).select_one("h1").get_text(" ", strip=True).startswith("from the form")
+    assert csrf
+
+
+def test_read_only_session_cannot_launch(client, session):
+    login(client, session, ["read"])
+    page = client.get("/runs/new").text
+    assert soup(page).select_one("#run-form button.primary").has_attr("disabled")
+    resp = client.post("/runs", data=form_data(page), headers={"Accept": "text/html"})
+    assert resp.status_code == 403
+
+
+def test_anonymous_launch_goes_to_login(client):
+    page = client.get("/runs/new").text
+    resp = client.post("/runs", data=form_data(page), follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"].startswith("/login")
+
+
+def test_cookie_without_csrf_header_is_no_principal_for_the_api(client, session):
+    login(client, session, ["read", "write"])
+    resp = client.post("/api/runs", json={"spec": {}})
+    assert resp.status_code == 401
+
+
+def test_bad_token_login_is_refused(client):
+    page = client.get("/login").text
+    resp = client.post("/login", data={"token": "atb_nope", "csrf_token": csrf_of(page)})
+    assert resp.status_code == 401
+    assert soup(resp.text).select_one("#token-err").get_text() == "unknown or revoked token"
+
+
+def test_xss_run_name_renders_as_text(client, session):
+    run_id = stored_run(session, name=XSS_NAME, events=succeeded_events())
+    for url in ("/", f"/runs/{run_id}", f"/compare?ids={run_id}"):
+        page = soup(client.get(url).text)
+        assert not page.select("img[onerror]"), url
+        assert all(s.get("src") or s.get("type") == "application/json" for s in page.select("script")), url
+        assert all("<" not in (s.string or "") for s in page.select("script[type='application/json']")), url
+        assert XSS_NAME in page.get_text(), url
+
+
+# --------------------------------------------------------------------------------------------
+# Runs list, live page, stream, compare
+
+
+def test_list_shows_status_and_effective_attention(client, session):
+    run_id = stored_run(session, name="listed", events=succeeded_events())
+    row = soup(client.get("/").text).select_one(f"tr[data-run='{run_id}']")
+    assert row.select_one(".badge-succeeded").get_text(strip=True).endswith("succeeded")
+    assert "actor sdpa" in row.get_text(" ", strip=True)
+    fragment = client.get("/", params={"status": "failed"}, headers={"HX-Request": "true"}).text
+    assert not soup(fragment).select(f"tr[data-run='{run_id}']")
+
+
+def test_live_page_of_a_finished_run(client, session):
+    run_id = stored_run(session, name="done", events=succeeded_events(fallback_critic=True))
+    page = soup(client.get(f"/runs/{run_id}").text)
+    assert page.select_one("#status")["data-status"] == "succeeded"
+    assert page.select_one("#progress-bar")["value"] == "100"
+    assert page.select_one("#live").get("sse-connect") is None, "a finished run opens no stream"
+    critic = page.select_one("#attention tr[data-role='critic']")
+    assert critic.select_one(".badge").get_text(strip=True).endswith("fallback")
+    assert "flash_attention_2" in page.select_one("#trouble li.kind-fallback").get_text()
+    assert page.select_one("form[action$='/retry'] input[name='eager_on'][value='critic']") is not None
+    points = page.select_one("#metric-points").string
+    assert re.search(r'"step":3', points)
+
+
+def test_retry_with_eager_on_the_critic(client, session):
+    login(client, session, ["read", "write"])
+    run_id = stored_run(session, name="fell back", events=succeeded_events(fallback_critic=True))
+    page = client.get(f"/runs/{run_id}").text
+    resp = client.post(f"/runs/{run_id}/retry", data={"eager_on": "critic", "csrf_token": csrf_of(page)},
+                       follow_redirects=False)
+    assert resp.status_code == 303
+    new = soup(client.get(resp.headers["location"]).text)
+    assert f"retry of #{run_id}" in new.select_one(".run-head").get_text(" ", strip=True)
+
+
+def parse_sse(text: str) -> list[dict[str, str]]:
+    messages = []
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            key, _, value = line.partition(": ")
+            fields[key] = fields[key] + "\n" + value if key in fields and key == "data" else value
+        if "event" in fields:
+            messages.append(fields)
+    return messages
+
+
+@pytest.mark.parametrize("resume", [0, 4, 9])
+def test_stream_resumes_after_last_event_id_without_repeats(client, session, resume):
+    events = succeeded_events(steps=5)
+    run_id = stored_run(session, name="streamed", events=events)
+    resp = client.get(f"/runs/{run_id}/stream", headers={"Last-Event-ID": str(resume)})
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    messages = parse_sse(resp.text)
+    ids = [int(m["id"]) for m in messages if "id" in m]
+    assert ids == list(range(resume + 1, len(events) + 1))
+    assert messages[-1]["event"] == "end"
+
+
+def test_compare_shows_differences_and_one_reward_chart(client, session):
+    a = stored_run(session, name="a", events=succeeded_events(steps=3))
+    b = stored_run(session, name="b", events=succeeded_events(steps=2), **{"actor_rollout_ref.actor.clip_ratio": 0.3})
+    page = soup(client.get("/compare", params={"ids": f"{a},{b}"}).text)
+    diff_keys = [th.get_text(strip=True) for th in page.select("table.diffs tbody th")]
+    assert diff_keys == ["actor_rollout_ref.actor.clip_ratio"]
+    assert len(page.select("table.compare tbody tr")) == 2
+    assert '"x":[1,2,3]' in page.select_one("#reward-data").string
