@@ -215,13 +215,13 @@ class Diagnosis:
     """The classifier's answer for one error."""
 
     category: Category
-    implementation: str | None
-    step: Step
+    implementation: str | None  # the implementation the error is about, when the text names one
+    step: Step  # where in the seed's order this error stops the user
     remedy: Remedy
-    summary: str
-    evidence: str
-    return_to_fast_path_when: dict[str, Any] | None = None
-    role: str | None = None
+    summary: str  # one line, for a log row
+    evidence: str  # the line of the error text that matched
+    return_to_fast_path_when: dict[str, Any] | None = None  # CONDITIONS keys; None: nothing to wait for
+    role: str | None = None  # the role the remedy patches; None: every role
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe form, for events and the troubleshooting log."""
@@ -447,7 +447,7 @@ def _kernels_missing(ctx: _Context) -> Diagnosis:
     kernel = next((name for name in names if is_hub_kernel(name) and "site-packages" not in name), None)
     patch = attn_patch(ctx.role, Impl.sdpa.value)
     asked = kernel or "a Hub kernel"
-    sentence = (f"{asked} needs the `kernels` package: set {_shown(patch)} so {_who(ctx.role)} trains now, "
+    sentence = (f"{kernel or 'A Hub kernel'} needs the `kernels` package: set {_shown(patch)} so {_who(ctx.role)} trains now, "
                 f"then pip install kernels (the version the message names) and return to {kernel or 'the kernel'}.")
     return _diagnosis(ctx, Category.kernels_missing, impl=kernel, patch=patch, sentence=sentence,
                       summary=f"{asked} requested but `kernels` is not installed",
@@ -486,7 +486,7 @@ def _flash_not_installed(ctx: _Context) -> Diagnosis:
         then = f"move to a GPU with compute capability >= {cc[0]}.{cc[1]} and flash-attn installed"
     else:
         where = ""
-        then = "pip install flash-attn --no-build-isolation on this CUDA machine"
+        then = f"pip install flash-attn --no-build-isolation on a GPU with compute capability >= {cc[0]}.{cc[1]}"
     sentence = (f"flash-attn is not installed{where and ' and ' + where}: set {_shown(patch)} so {_who(ctx.role)} "
                 f"trains on sdpa now, then {then} and return to {impl}.")
     return _diagnosis(ctx, Category.flash_attn_not_installed, impl=impl, patch=patch, sentence=sentence,
@@ -520,7 +520,7 @@ def _unsupported_hardware(ctx: _Context) -> Diagnosis:
                           summary="no kernel built for this GPU architecture")
     patch = attn_patch(ctx.role, Impl.sdpa.value)
     sentence = (f"{flash} needs a GPU with compute capability >= {cc[0]}.{cc[1]}{found}: set {_shown(patch)} "
-                f"on this GPU, and return to {flash} on an Ampere or newer GPU.")
+                f"on this GPU, and return to {flash} on a GPU that has it.")
     return _diagnosis(ctx, Category.unsupported_hardware, impl=flash, patch=patch, sentence=sentence,
                       summary=f"{flash} needs compute capability >= {cc[0]}.{cc[1]}",
                       return_when={"flash_attn_installed": True, "min_compute_capability": cc})
