@@ -34,10 +34,9 @@ from worker.spec import (
     SPEC_KEYS,
     RunSpec,
     SpecError,
+    flatten,
     nearest_key,
     parse_spec,
-    spec_to_flat,
-    spec_to_tree,
     unflatten,
 )
 from worker.verl_keys import MANDATORY, VERL_DEFAULTS, VERL_VERSION
@@ -596,7 +595,31 @@ _STRING_KEYS = frozenset(k for k, ann in _ANNOTATIONS.items() if ann is str or a
 _MODELLED = frozenset(SPEC_KEYS) - frozenset(OPEN_DICT_FIELDS)
 _SECTIONS = frozenset(k.rsplit(".", i)[0] for k in SPEC_KEYS for i in range(1, k.count(".") + 1))
 _VERL_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in VERL_DEFAULTS for i in range(1, k.count(".") + 1))
-_SPEC_DEFAULTS = spec_to_flat(RunSpec())
+
+
+def _spec_tree(spec: RunSpec) -> dict[str, Any]:
+    # Python mode, not JSON: JSON mode turns an override_config float inf into null.
+    return spec.model_dump()
+
+
+def _spec_flat(spec: RunSpec) -> dict[str, Any]:
+    return flatten(_spec_tree(spec))
+
+
+_SPEC_DEFAULTS = _spec_flat(RunSpec())
+
+VERL_NAMES: dict[str, str] = {
+    spec_key: verl_key
+    for spec_key, verl_key in (
+        ("actor_rollout_ref.actor.fsdp_config.turbo_cp_size",
+         "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.ulysses_parallel_size"),
+        ("critic.turbo_cp_size", "critic.fsdp.turbo_config.distributed.ulysses_parallel_size"),
+    )
+    if spec_key in SPEC_KEYS and verl_key in VERL_DEFAULTS
+}
+"""Spec keys that verl spells differently: FSDP-Turbo's CP group size is verl's
+``turbo_config.distributed.ulysses_parallel_size``. Read on import, written on export."""
+_SPEC_NAMES = {verl_key: spec_key for spec_key, verl_key in VERL_NAMES.items()}
 
 Kind = Literal["spec", "open", "section", "verl", "hydra", "unknown"]
 
@@ -671,6 +694,7 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
     if key in ALIASES:
         state.warn(f"{key} is deprecated in verl; read as {ALIASES[key]}")
         key = ALIASES[key]
+    key = _SPEC_NAMES.get(key, key)
     kind = _classify(key)
     if kind == "section":
         if override.op == "delete":
@@ -779,8 +803,9 @@ def _finish(state: _State, source_text: str) -> ImportResult:
         raise VerlImportError(message, word.raw, word.position, issues=errors) from None
     if "attn_implementation" in spec.critic.model.override_config:
         state.warn(CRITIC_ATTN_WARNING)
-    if spec.actor_rollout_ref.rollout.name != "hf":
-        state.warn(engine_rollout_warning(spec.actor_rollout_ref.rollout.name))
+    if "actor_rollout_ref.rollout.name" in flat:
+        name = spec.actor_rollout_ref.rollout.name
+        state.warn(HF_ROLLOUT_WARNING if name == "hf" else engine_rollout_warning(name))
     return ImportResult(spec=spec, warnings=state.warnings, overrides=flat)
 
 
@@ -973,16 +998,17 @@ def _dict_key(key: Any) -> str:
 
 def _export_items(spec: RunSpec, *, full: bool) -> list[tuple[str, Any]]:
     """The (dotted key, value) pairs to write, override_config expanded one leaf per key."""
-    flat = spec_to_flat(spec)
+    flat = _spec_flat(spec)
     items: list[tuple[str, Any]] = []
     for key in SPEC_KEYS:
         if key in OPEN_DICT_FIELDS:
             items.extend((k, v) for k, v in flat.items() if k.startswith(key + "."))
             continue
         value = flat[key]
-        verl_default = VERL_DEFAULTS.get(key, _SPEC_DEFAULTS[key])
+        verl_key = VERL_NAMES.get(key, key)
+        verl_default = VERL_DEFAULTS.get(verl_key, _SPEC_DEFAULTS[key])
         if full or verl_default == MANDATORY or not _same(value, verl_default) or not _same(value, _SPEC_DEFAULTS[key]):
-            items.append((key, value))
+            items.append((verl_key, value))
     return items
 
 
@@ -994,7 +1020,7 @@ def _export_warnings(spec: RunSpec, keys: list[str]) -> list[str]:
     warnings: list[str] = []
     if "attn_implementation" in spec.critic.model.override_config:
         warnings.append(CRITIC_ATTN_WARNING)
-    if any(k.startswith("attnboard.") for k in keys):
+    if any(k not in VERL_DEFAULTS and not _open_field(k) for k in keys):
         warnings.append(ATTNBOARD_KEYS_WARNING)
     name = spec.actor_rollout_ref.rollout.name
     warnings.append(HF_ROLLOUT_WARNING if name == "hf" else engine_rollout_warning(name))
@@ -1037,12 +1063,8 @@ def export_yaml(spec: RunSpec, *, full: bool = True) -> ExportResult:
     """The spec as a verl YAML config: ``defaults: [ppo_trainer, _self_]`` then the nested keys, so
     ``python3 -m verl.trainer.main_ppo --config-path=DIR --config-name=FILE`` runs it. No ``+`` is
     needed in a config file: composition may add keys that the defaults lack."""
-    if full:
-        tree = spec_to_tree(spec)
-        keys = list(spec_to_flat(spec))
-    else:
-        items = _export_items(spec, full=False)
-        tree, keys = unflatten(dict(items)), [k for k, _ in items]
+    items = _export_items(spec, full=full)
+    tree, keys = unflatten(dict(items)), [k for k, _ in items]
     document = {
         "hydra": _VERL_SEARCHPATH,
         "defaults": ["ppo_trainer", "_self_"],
