@@ -1,0 +1,235 @@
+"""The engine's pure parts: load plans, attention events, dispatch, resources, events, sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from worker.engine import compute
+from worker.engine import plan as planning
+from worker.engine.dispatch import (Dispatch, Mesh, ResourceError, check_resources, concat_batches, dispatch_of,
+                                    register, split_batch)
+from worker.engine.events import EventLog, TERMINAL
+from worker.engine.rank import RankWorker
+from worker.resolution import Reason, RoleResolution
+
+# --------------------------------------------------------------------------------------------
+# Which implementations a rank tries
+
+
+def role(requested: str, effective: str | None, status: str) -> RoleResolution:
+    return RoleResolution("actor", requested, "override", effective, status, (Reason("override", "x"),))
+
+
+@pytest.mark.parametrize(
+    "resolution,policy,expected",
+    [
+        (role("flash_attention_2", "sdpa", "fallback"), "fallback", ["flash_attention_2", "sdpa", "eager"]),
+        (role("flash_attention_2", None, "error"), "strict", ["flash_attention_2"]),
+        (role("sdpa", "sdpa", "ok"), "fallback", ["sdpa", "eager"]),
+        (role("sdpa", "sdpa", "ok"), "strict", ["sdpa"]),
+        (role("eager", "eager", "ok"), "fallback", ["eager"]),
+        (role("flex_attention", "flex_attention", "ok"), "fallback", ["flex_attention", "sdpa", "eager"]),
+        (role("flash_attention_2", "eager", "forced"), "strict", ["eager"]),
+        (role("sdpa", "eager", "forced"), "fallback", ["eager"]),
+    ],
+)
+def test_candidates(resolution, policy, expected):
+    assert planning.candidates(resolution, policy) == expected
+
+
+def report(**overrides):
+    base = {"role": "actor", "rank": 1, "requested": "flash_attention_2", "effective": "sdpa",
+            "config_attn_implementation": "sdpa", "observed": "sdpa", "calls": {"sdpa": 2}, "wrappers": {},
+            "forced": False, "fallback": True, "reasons": [], "strategy": "fsdp2", "sp": 1,
+            "attempts": [{"implementation": "flash_attention_2", "ok": False, "error": "ImportError: no flash",
+                          "diagnosis": {"category": "not_installed"}},
+                         {"implementation": "sdpa", "ok": True}]}
+    return {**base, **overrides}
+
+
+def test_fallback_events_carry_the_original_error():
+    assert planning.fallback_payloads(report()) == [
+        {"role": "actor", "rank": 1, "from": "flash_attention_2", "to": "sdpa", "error": "ImportError: no flash",
+         "diagnosis": {"category": "not_installed"}}]
+    assert planning.fallback_payloads(report(attempts=[{"implementation": "sdpa", "ok": True}])) == []
+
+
+@pytest.mark.parametrize(
+    "predicted,effective,observed,expected_whats",
+    [
+        ("sdpa", "sdpa", "sdpa", []),
+        ("sdpa", "sdpa", "ulysses_sdpa", []),
+        ("sdpa", "eager", "eager", ["resolution-vs-loaded"]),
+        ("sdpa", "sdpa", "eager", ["loaded-vs-observed"]),
+        ("sdpa", "sdpa", None, ["loaded-vs-observed"]),
+        ("flash_attention_2", "sdpa", "eager", ["resolution-vs-loaded", "loaded-vs-observed"]),
+    ],
+)
+def test_mismatches(predicted, effective, observed, expected_whats):
+    payload = planning.attention_payload(report(effective=effective, observed=observed),
+                                         role("flash_attention_2", predicted, "ok"))
+    found = planning.mismatches(payload)
+    assert [m["what"] for m in found] == expected_whats
+    for m in found:
+        assert f"rank 1" in m["message"] and "[actor]" in m["message"]
+
+
+def test_attention_payload_status_badges():
+    predicted = role("flash_attention_2", "sdpa", "fallback")
+    assert planning.attention_payload(report(), predicted)["status"] == "fallback"
+    assert planning.attention_payload(report(forced=True, fallback=False), predicted)["status"] == "forced"
+    assert planning.attention_payload(report(fallback=False), predicted)["status"] == "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# Dispatch
+
+
+def test_every_rank_method_the_controller_calls_declares_its_fan_out():
+    calls = ["init_process_group", "load", "generate", "rollout_attention", "compute_log_prob",
+             "compute_ref_log_prob", "compute_values", "update_actor", "update_critic", "policy_loss_and_grads",
+             "peak_memory_mb", "save_actor", "probe", "shutdown"]
+    modes = {name: dispatch_of(RankWorker, name).mode for name in calls}
+    assert modes["load"] == Dispatch.ONE_TO_ALL and modes["update_actor"] == Dispatch.DP_COMPUTE
+    assert dispatch_of(RankWorker, "update_critic").mesh == "critic"
+    with pytest.raises(AttributeError, match="no @register"):
+        dispatch_of(RankWorker, "address")
+    with pytest.raises(ValueError, match="needs mesh"):
+        register(Dispatch.DP_COMPUTE)
+
+
+@pytest.mark.parametrize(
+    "world,sp,dp_ranks,sp_ranks,groups",
+    [
+        (2, 1, [0, 1], [0, 0], [[0], [1]]),
+        (2, 2, [0, 0], [0, 1], [[0, 1]]),
+        (4, 2, [0, 0, 1, 1], [0, 1, 0, 1], [[0, 1], [2, 3]]),
+    ],
+)
+def test_mesh(world, sp, dp_ranks, sp_ranks, groups):
+    mesh = Mesh(world, sp)
+    assert [mesh.dp_rank(r) for r in range(world)] == dp_ranks
+    assert [mesh.sp_rank(r) for r in range(world)] == sp_ranks
+    assert mesh.sp_groups() == groups
+
+
+def test_mesh_refuses_a_size_that_does_not_divide():
+    with pytest.raises(ValueError, match=r"sequence-parallel size \(3\) must divide the world size \(4\)"):
+        Mesh(4, 3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(parts=st.integers(1, 4), per=st.integers(1, 3), width=st.integers(1, 5))
+def test_split_then_concat_is_identity(parts, per, width):
+    n = parts * per
+    batch = {"x": torch.arange(n * width).reshape(n, width), "uid": list(range(n)), "note": "kept"}
+    pieces = split_batch(batch, parts)
+    assert len(pieces) == parts and all(len(p["uid"]) == per for p in pieces)
+    back = concat_batches(pieces)
+    assert torch.equal(back["x"], batch["x"]) and back["uid"] == batch["uid"] and back["note"] == "kept"
+
+
+def test_split_refuses_uneven_batches():
+    with pytest.raises(ValueError, match="a batch of 5 rows cannot be split evenly across 2"):
+        split_batch({"x": torch.zeros(5, 1)}, 2)
+
+
+@pytest.mark.parametrize(
+    "device,world,available,message",
+    [
+        ("cpu", 4, {"CPU": 2.0}, "Total available CPUs 2 is less than total desired CPUs 4"),
+        ("cuda", 8, {"CPU": 64.0, "GPU": 4.0}, "Total available GPUs 4 is less than total desired GPUs 8"),
+        ("cuda", 1, {"CPU": 64.0}, "Total available GPUs 0 is less than total desired GPUs 1"),
+    ],
+)
+def test_check_resources_names_both_numbers(device, world, available, message):
+    with pytest.raises(ResourceError, match=message):
+        check_resources(device=device, world=world, available=available)
+
+
+def test_check_resources_passes_when_it_fits():
+    check_resources(device="cpu", world=2, available={"CPU": 2.0})
+
+
+# --------------------------------------------------------------------------------------------
+# Events
+
+
+@settings(max_examples=25, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["log", "metric", "attention", "fallback"]), max_size=30),
+       after=st.integers(0, 35), limit=st.integers(1, 10))
+def test_event_seqs_are_contiguous_and_paged(kinds, after, limit):
+    seen = []
+    log = EventLog("r1", seen.append)
+    for kind in kinds:
+        log.emit(kind, {})
+    assert [e["seq"] for e in seen] == list(range(1, len(kinds) + 1))
+    page = log.since(after, limit)
+    assert [e["seq"] for e in page] == list(range(after + 1, min(after + limit, len(kinds)) + 1))
+
+
+def test_status_events_drive_the_state():
+    log = EventLog("r1")
+    log.status("queued")
+    assert not log.terminal
+    log.status("failed", "rank 1 died")
+    assert log.state == "failed" and log.terminal and "failed" in TERMINAL
+    with pytest.raises(ValueError):
+        log.status("exploded")
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling and generation
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    gen = torch.Generator().manual_seed(0)
+    drawn = {int(compute.sample_next(logits, temperature=1.0, top_p=0.7, do_sample=True, generator=gen)[0])
+             for _ in range(200)}
+    assert drawn == {0, 1}
+
+
+def test_greedy_and_its_log_prob():
+    logits = torch.tensor([[0.0, 2.0, 1.0]])
+    token, logp = compute.sample_next(logits, temperature=1.0, top_p=1.0, do_sample=False, generator=None)
+    assert int(token) == 1
+    torch.testing.assert_close(logp, torch.log_softmax(logits, -1)[:, 1])
+
+
+def tiny_lm() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=64)
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config).eval()
+
+
+def test_generate_with_cache_matches_a_full_forward_and_stops_at_eos():
+    model = tiny_lm()
+    prompt = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])  # (2, 5), row 0 left-padded
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    greedy = compute.generate(model, prompt, prompt_mask, max_new_tokens=6, eos_token_id=None, pad_token_id=0,
+                              temperature=1.0, top_p=1.0, do_sample=False, generator=None)
+    # Re-score the whole sequences in one forward: the cached log-probs must agree.
+    seqs = compute.assemble(prompt, prompt_mask, greedy["responses"], greedy["response_mask"])
+    batch = {**seqs, "responses": greedy["responses"]}
+    log_probs, _ = compute.policy_forward(model, batch, compute.NO_SP, temperature=1.0, with_entropy=False)
+    torch.testing.assert_close(log_probs, greedy["rollout_log_probs"], atol=1e-5, rtol=1e-5)
+
+    eos = int(greedy["responses"][1, 2])  # make row 1's third token the EOS
+    stopped = compute.generate(model, prompt, prompt_mask, max_new_tokens=6, eos_token_id=eos, pad_token_id=0,
+                               temperature=1.0, top_p=1.0, do_sample=False, generator=None)
+    row = stopped["response_mask"][1].tolist()
+    first_eos = stopped["responses"][1].tolist().index(eos)
+    assert row == [1] * (first_eos + 1) + [0] * (6 - first_eos - 1)  # EOS kept, padding after
+    assert all(t == 0 for t in stopped["responses"][1, first_eos + 1:].tolist())
+
+
+def test_response_slice_reads_one_position_early():
+    x = torch.arange(10).reshape(1, 10)  # P + R = 10, R = 4
+    assert compute.response_slice(x, 4).tolist() == [[5, 6, 7, 8]]

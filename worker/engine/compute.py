@@ -1,0 +1,286 @@
+"""The tensor work of one rank: sampling with a KV cache, log-probs and values over a batch (with or
+without Ulysses sequence parallelism), and the PPO updates of the actor and the critic.
+
+Batch layout (``N`` rows, prompt length ``P`` left-padded, response length ``R`` right-padded):
+
+    input_ids, attention_mask, position_ids   (N, P + R)
+    responses, response_mask                   (N, R)
+    old_log_probs, ref_log_prob, values, advantages, returns, rollout_log_probs   (N, R)
+
+The log-prob of response token ``j`` is read at position ``P - 1 + j`` (the logits there predict it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from worker import ppo_math
+from worker.engine import ulysses
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+
+
+def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float, do_sample: bool,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (N, V) -> (token (N,), its log-prob (N,) under the temperature-scaled distribution)."""
+    if not do_sample or temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)  # (N, V)
+        token = logits.argmax(dim=-1)  # (N,)
+        return token, logp.gather(-1, token[:, None]).squeeze(-1)
+    logits = logits / temperature  # (N, V)
+    logp = torch.log_softmax(logits, dim=-1)  # (N, V)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (N, V)
+        cumulative = sorted_probs.cumsum(dim=-1)  # (N, V)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        drop_sorted = (cumulative - sorted_probs) >= top_p  # (N, V)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # (N, V) back in vocabulary order
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (N,)
+    return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+             max_new_tokens: int, eos_token_id: int | None, pad_token_id: int, temperature: float,
+             top_p: float, do_sample: bool, generator: torch.Generator | None,
+             sync_group: dist.ProcessGroup | None = None) -> dict[str, torch.Tensor]:
+    """Sample responses with the model's KV cache.
+
+    prompt_ids, prompt_mask: (N, P) left-padded -> responses, response_mask, rollout_log_probs: (N, R),
+    R = max_new_tokens; the EOS token is part of the response; after it the row is padding.
+
+    Under FSDP every rank must run the same number of forwards (each one gathers parameters), so the
+    loop stops only when the rows of every rank in ``sync_group`` are finished.
+    """
+    n = prompt_ids.shape[0]
+    device = prompt_ids.device
+    mask = prompt_mask.clone()  # (N, P + t)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, P)
+    inputs = prompt_ids
+    cache = None
+    tokens, logps, alive_steps = [], [], []
+    alive = torch.ones(n, dtype=torch.bool, device=device)  # (N,)
+    for _ in range(max_new_tokens):
+        out = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
+        cache = out.cache
+        token, logp = sample_next(out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p,
+                                  do_sample=do_sample, generator=generator)  # (N,), (N,)
+        token = torch.where(alive, token, torch.full_like(token, pad_token_id))
+        tokens.append(token)
+        logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
+        alive_steps.append(alive.clone())
+        if eos_token_id is not None:
+            alive = alive & (token != eos_token_id)
+        remaining = torch.tensor([int(alive.any())], dtype=torch.long)
+        if sync_group is not None and dist.get_world_size(sync_group) > 1:
+            dist.all_reduce(remaining, group=sync_group)
+        if int(remaining) == 0:
+            break
+        inputs = token[:, None]  # (N, 1)
+        mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype, device=device)], dim=1)  # (N, P + t + 1)
+        position_ids = position_ids[:, -1:] + 1  # (N, 1)
+    steps = len(tokens)
+    responses = torch.full((n, max_new_tokens), pad_token_id, dtype=prompt_ids.dtype, device=device)  # (N, R)
+    response_mask = torch.zeros(n, max_new_tokens, dtype=torch.long, device=device)  # (N, R)
+    rollout_log_probs = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)  # (N, R)
+    responses[:, :steps] = torch.stack(tokens, dim=1)  # (N, steps)
+    response_mask[:, :steps] = torch.stack(alive_steps, dim=1).long()  # (N, steps)
+    rollout_log_probs[:, :steps] = torch.stack(logps, dim=1)  # (N, steps)
+    return {"responses": responses, "response_mask": response_mask, "rollout_log_probs": rollout_log_probs}
+
+
+def assemble(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
+             response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Prompt (N, P) + response (N, R) -> input_ids, attention_mask, position_ids (N, P + R)."""
+    input_ids = torch.cat([prompt_ids, responses], dim=1)  # (N, P + R)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)  # (N, P + R)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, P + R)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward over a batch
+
+
+@dataclass
+class SeqParallel:
+    """This rank's place in its Ulysses group; ``group`` is None when sp == 1."""
+
+    group: dist.ProcessGroup | None
+    sp: int
+    rank: int
+
+
+NO_SP = SeqParallel(None, 1, 0)
+
+
+def _forward_outputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the model over (N, L) sequences -> (logits (N, L_loc, V or 1), labels (N, L_loc)), local to this
+    SP rank when sp > 1, where L_loc = L_pad / sp and L_pad is L rounded up to a multiple of sp."""
+    input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    labels = torch.roll(input_ids, shifts=-1, dims=1)  # (N, L): the token each position predicts
+    if sp.sp == 1:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        return out.logits, labels
+    ids = ulysses.pad_to_multiple(input_ids, sp.sp, 0)  # (N, L_pad)
+    pad_mask = ulysses.pad_to_multiple(attention_mask, sp.sp, 0)  # (N, L_pad)
+    pos = ulysses.pad_to_multiple(position_ids, sp.sp, 0)  # (N, L_pad)
+    labels = ulysses.pad_to_multiple(labels, sp.sp, 0)  # (N, L_pad)
+    ids_loc = ulysses.shard_sequence(ids, sp.rank, sp.sp)  # (N, L_pad / sp)
+    pos_loc = ulysses.shard_sequence(pos, sp.rank, sp.sp)  # (N, L_pad / sp): global positions for RoPE
+    with ulysses.ulysses_context(sp.group, pad_mask):
+        out = model(input_ids=ids_loc, position_ids=pos_loc, use_cache=False)
+    return out.logits, ulysses.shard_sequence(labels, sp.rank, sp.sp)
+
+
+def _gather(x: torch.Tensor, sp: SeqParallel, length: int) -> torch.Tensor:
+    """(N, L_loc) -> (N, L): whole sequences on every SP rank (differentiable), padding dropped."""
+    if sp.sp == 1:
+        return x
+    return ulysses.gather_sequence(x, sp.group)[:, :length]  # (N, L_pad) -> (N, L)
+
+
+def response_slice(x: torch.Tensor, response_length: int) -> torch.Tensor:
+    """(N, P + R) per-position values -> (N, R) for the response tokens (read one position earlier)."""
+    total = x.shape[1]
+    return x[:, total - response_length - 1: total - 1]  # (N, R)
+
+
+def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel, *, temperature: float,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """-> log-probs (N, R) of the response tokens and, if asked, the entropy (N, R) of each prediction."""
+    length, r = batch["input_ids"].shape[1], batch["responses"].shape[1]
+    logits, labels = _forward_outputs(model, batch, sp)  # (N, L_loc, V), (N, L_loc)
+    logits = logits.float() / temperature
+    logp = ppo_math.logprobs_from_logits(logits, labels)  # (N, L_loc)
+    log_probs = response_slice(_gather(logp, sp, length), r)  # (N, R)
+    entropy = None
+    if with_entropy:
+        ent = ppo_math.entropy_from_logits(logits)  # (N, L_loc)
+        entropy = response_slice(_gather(ent, sp, length), r)  # (N, R)
+    return log_probs, entropy
+
+
+def value_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel) -> torch.Tensor:
+    """Critic (token classification, 1 label) -> values (N, R): V of the state before each response token."""
+    length, r = batch["input_ids"].shape[1], batch["responses"].shape[1]
+    logits, _ = _forward_outputs(model, batch, sp)  # (N, L_loc, 1)
+    values = logits.float().squeeze(-1)  # (N, L_loc)
+    return response_slice(_gather(values, sp, length), r)  # (N, R)
+
+
+# ---------------------------------------------------------------------------------------------
+# Updates
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    ppo_epochs: int
+    mini_batch: int  # rows per mini-batch on this rank
+    micro_batch: int  # rows per micro-batch on this rank
+    clip_ratio: float
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    grad_clip: float
+    temperature: float
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    ppo_epochs: int
+    mini_batch: int
+    micro_batch: int
+    cliprange_value: float
+    grad_clip: float
+
+
+def iter_minibatches(batch: dict[str, torch.Tensor], size: int):
+    n = len(batch["input_ids"])
+    for start in range(0, n, size):
+        yield {k: (v[start:start + size] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def actor_loss(model: torch.nn.Module, micro: dict[str, torch.Tensor], sp: SeqParallel,
+               settings: ActorSettings) -> tuple[torch.Tensor, dict[str, float]]:
+    """The actor's loss on one micro-batch: clipped policy loss - entropy bonus (+ KL loss)."""
+    log_prob, entropy = policy_forward(model, micro, sp, temperature=settings.temperature,
+                                       with_entropy=True)
+    mask = micro["response_mask"]
+    pg_loss, metrics = ppo_math.compute_policy_loss(micro["old_log_probs"], log_prob, micro["advantages"], mask,
+                                                    settings.clip_ratio)
+    entropy_loss = ppo_math.agg_loss(entropy, mask)
+    loss = pg_loss - settings.entropy_coeff * entropy_loss
+    metrics["actor/entropy"] = float(entropy_loss.detach())
+    if settings.use_kl_loss:
+        kl_loss, kl_metrics = ppo_math.compute_kl_loss(log_prob, micro["ref_log_prob"], mask, settings.kl_loss_type)
+        loss = loss + settings.kl_loss_coef * kl_loss
+        metrics.update(kl_metrics)
+    return loss, metrics
+
+
+def clip_grad(model: torch.nn.Module, max_norm: float) -> float:
+    """Clip the gradient norm (FSDP1 has its own method; FSDP2 grads are DTensors) -> the norm before clipping."""
+    if hasattr(model, "clip_grad_norm_"):
+        norm = model.clip_grad_norm_(max_norm)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for row in rows for k in row}
+    return {k: sum(row[k] for row in rows if k in row) / sum(1 for row in rows if k in row) for k in sorted(keys)}
+
+
+def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+                 sp: SeqParallel, settings: ActorSettings) -> dict[str, float]:
+    """ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation)."""
+    model.train()
+    rows: list[dict[str, float]] = []
+    for _ in range(settings.ppo_epochs):
+        for mini in iter_minibatches(batch, settings.mini_batch):
+            optimizer.zero_grad(set_to_none=True)
+            n_mini = len(mini["input_ids"])
+            for micro in iter_minibatches(mini, settings.micro_batch):
+                loss, metrics = actor_loss(model, micro, sp, settings)
+                (loss * (len(micro["input_ids"]) / n_mini)).backward()
+                rows.append(metrics)
+            grad_norm = clip_grad(model, settings.grad_clip)
+            if math.isfinite(grad_norm):
+                optimizer.step()
+            rows.append({"actor/grad_norm": grad_norm})
+    return _mean_metrics(rows)
+
+
+def update_critic(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+                  sp: SeqParallel, settings: CriticSettings) -> dict[str, float]:
+    model.train()
+    rows: list[dict[str, float]] = []
+    for _ in range(settings.ppo_epochs):
+        for mini in iter_minibatches(batch, settings.mini_batch):
+            optimizer.zero_grad(set_to_none=True)
+            n_mini = len(mini["input_ids"])
+            for micro in iter_minibatches(mini, settings.micro_batch):
+                vpreds = value_forward(model, micro, sp)  # (n, R)
+                loss, metrics = ppo_math.compute_value_loss(vpreds, micro["values"], micro["returns"],
+                                                            micro["response_mask"], settings.cliprange_value)
+                (loss * (len(micro["input_ids"]) / n_mini)).backward()
+                rows.append(metrics)
+            grad_norm = clip_grad(model, settings.grad_clip)
+            if math.isfinite(grad_norm):
+                optimizer.step()
+            rows.append({"critic/grad_norm": grad_norm})
+    return _mean_metrics(rows)

@@ -1,0 +1,103 @@
+"""Which attention kernel really ran: count calls through transformers' attention dispatch.
+
+transformers 5.x picks the attention function at call time: ``ALL_ATTENTION_FUNCTIONS.get_interface(
+config._attn_implementation, eager_attention_forward)``, where ``eager_attention_forward`` is a global of
+each ``modeling_<arch>.py``. ``observe_attention()`` wraps every entry of the attention registry and every
+loaded modeling module's ``eager_attention_forward`` with a counter, and restores them on exit, so a
+forward run inside the block tells which implementation was actually called, and how often.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+WRAPPER_PREFIX = "ulysses_"
+"""Registered wrappers (Ulysses) that call a base kernel; they are counted apart from kernels."""
+
+_LOCK = threading.Lock()
+
+
+@dataclass
+class AttentionObservation:
+    """Calls per implementation name seen inside one ``observe_attention()`` block."""
+
+    calls: Counter = field(default_factory=Counter)
+
+    @property
+    def kernel_calls(self) -> dict[str, int]:
+        """Calls of real kernels (eager, sdpa, flash_attention_2, ...), wrappers left out."""
+        return {k: v for k, v in self.calls.items() if not k.startswith(WRAPPER_PREFIX)}
+
+    @property
+    def wrapper_calls(self) -> dict[str, int]:
+        return {k: v for k, v in self.calls.items() if k.startswith(WRAPPER_PREFIX)}
+
+    @property
+    def kernel(self) -> str | None:
+        """The kernel called most; None when no attention ran (or several tied for first, see ``kernels``)."""
+        kernels = self.kernel_calls
+        if not kernels:
+            return None
+        return max(sorted(kernels), key=lambda k: kernels[k])
+
+    @property
+    def kernels(self) -> list[str]:
+        return sorted(self.kernel_calls)
+
+    def as_dict(self) -> dict:
+        return {"observed": self.kernel, "calls": dict(self.kernel_calls), "wrappers": dict(self.wrapper_calls)}
+
+
+def _counting(name: str, fn: Callable, observation: AttentionObservation) -> Callable:
+    @functools.wraps(fn)
+    def counted(*args, **kwargs):
+        observation.calls[name] += 1
+        return fn(*args, **kwargs)
+
+    counted.__attnboard_original__ = fn  # type: ignore[attr-defined]
+    return counted
+
+
+def _modeling_modules() -> list:
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("transformers.models.") and ".modeling_" in name and module is not None
+        and callable(getattr(module, "eager_attention_forward", None))
+    ]
+
+
+@contextmanager
+def observe_attention() -> Iterator[AttentionObservation]:
+    """Count attention calls per implementation inside the block; every patched function is restored on exit.
+
+    Not re-entrant across threads: one observation at a time per process (a lock enforces it).
+    """
+    observation = AttentionObservation()
+    with _LOCK:
+        saved_global = dict(AttentionInterface._global_mapping)
+        saved_local = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
+        saved_eager = {module: module.eager_attention_forward for module in _modeling_modules()}
+        try:
+            for name, fn in saved_global.items():
+                AttentionInterface._global_mapping[name] = _counting(name, fn, observation)
+            for name, fn in saved_local.items():
+                ALL_ATTENTION_FUNCTIONS._local_mapping[name] = _counting(name, fn, observation)
+            for module, fn in saved_eager.items():
+                module.eager_attention_forward = _counting("eager", fn, observation)
+            yield observation
+        finally:
+            AttentionInterface._global_mapping.clear()
+            AttentionInterface._global_mapping.update(saved_global)
+            ALL_ATTENTION_FUNCTIONS._local_mapping.clear()
+            ALL_ATTENTION_FUNCTIONS._local_mapping.update(saved_local)
+            for module, fn in saved_eager.items():
+                module.eager_attention_forward = fn

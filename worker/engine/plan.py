@@ -1,0 +1,116 @@
+"""From a resolution to a load plan, and from what loaded to the events that tell it (pure).
+
+The resolution (``worker.resolution.resolve``) predicts per role what will run; the plan says what each
+rank tries, in order; the reports that come back say what really loaded and which kernel ran. The
+events built here are the truth the dashboard shows, and every disagreement with the prediction is an
+``attention_mismatch`` of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from worker.attention import FALLBACK_CHAIN
+from worker.engine.rank import LoadPlan, RolePlan
+from worker.engine.ulysses import base_of
+from worker.resolution import Resolution, RoleResolution, Status
+from worker.spec import RunSpec
+
+CLASSIFY_ROLE = {"actor": "actor", "rollout": "rollout", "reference": "reference", "critic": "critic"}
+
+
+def candidates(role: RoleResolution, policy: str) -> list[str]:
+    """The implementations a rank tries, in order.
+
+    Forced: only the forced one. Strict: only the requested one (its real error is the run's error).
+    Fallback: the requested one, then the rest of ``FALLBACK_CHAIN`` after it (a name outside the chain,
+    e.g. flex_attention, continues with the whole chain but flash_attention_2), so the real error of every
+    step is recorded even when the preview already knows it will fail.
+    """
+    if role.status == Status.forced.value and role.effective:
+        return [role.effective]
+    if policy != "fallback":
+        return [role.requested]
+    chain = list(FALLBACK_CHAIN)
+    rest = chain[chain.index(role.requested) + 1:] if role.requested in chain else chain[1:]
+    return [role.requested, *[c for c in rest if c != role.requested]]
+
+
+def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, critic_folder: str | None,
+              env: dict[str, Any]) -> LoadPlan:
+    arr = spec.actor_rollout_ref
+    policy = spec.attnboard.fallback_policy
+
+    def role_plan(name: str, loader: str, folder: str, override: dict, strategy: str, sp: int, trained: bool,
+                  lr: float, weight_decay: float) -> RolePlan:
+        r = resolution.roles[name]
+        return RolePlan(role=name, loader=loader, folder=folder, override_config=dict(override),
+                        candidates=candidates(r, policy), requested=r.requested,
+                        forced=r.status == Status.forced.value, reasons=[asdict(x) for x in r.reasons],
+                        strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay)
+
+    roles = [
+        role_plan("actor", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
+                  True, arr.actor.optim.lr, arr.actor.optim.weight_decay),
+        role_plan("reference", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy,
+                  spec.actor_sp, False, arr.actor.optim.lr, 0.0),
+    ]
+    if spec.has_critic:
+        assert critic_folder is not None, "a gae run needs the critic's folder"
+        roles.append(role_plan("critic", "value", critic_folder, spec.critic.model.override_config,
+                               spec.critic.strategy, spec.critic_sp, True, spec.critic.optim.lr,
+                               spec.critic.optim.weight_decay))
+    return LoadPlan(roles=roles, policy=policy, env=env, seed=spec.attnboard.seed)
+
+
+def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict[str, Any]:
+    """One ``attention`` event: per role and rank, requested -> effective, observed kernel, forced, reasons."""
+    return {
+        "role": report["role"],
+        "rank": report["rank"],
+        "requested": report["requested"],
+        "source": predicted.source,
+        "predicted": predicted.effective,
+        "effective": report["effective"],
+        "config_attn_implementation": report["config_attn_implementation"],
+        "observed": report["observed"],
+        "calls": report["calls"],
+        "wrappers": report.get("wrappers", {}),
+        "forced": report["forced"],
+        "fallback": report["fallback"],
+        "status": "forced" if report["forced"] else "fallback" if report["fallback"] else "ok",
+        "reasons": report["reasons"],
+        "strategy": report["strategy"],
+        "sp": report["sp"],
+    }
+
+
+def fallback_payloads(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One ``fallback`` event per failed attempt that a later implementation replaced."""
+    out = []
+    attempts = report["attempts"]
+    for failed, nxt in zip(attempts, attempts[1:]):
+        if failed["ok"]:
+            continue
+        out.append({"role": report["role"], "rank": report["rank"], "from": failed["implementation"],
+                    "to": nxt["implementation"], "error": failed["error"], "diagnosis": failed["diagnosis"]})
+    return out
+
+
+def mismatches(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Disagreements between the preview, the loaded config and the observed kernel, one payload each."""
+    out = []
+    effective = payload["effective"]
+    if payload["predicted"] is not None and payload["predicted"] != effective:
+        out.append({"role": payload["role"], "rank": payload["rank"], "what": "resolution-vs-loaded",
+                    "expected": payload["predicted"], "actual": effective,
+                    "message": f"[{payload['role']}] the preview predicted {payload['predicted']}, "
+                               f"but rank {payload['rank']} loaded {effective}"})
+    observed = payload["observed"]
+    if observed is None or base_of(observed) != base_of(effective):
+        out.append({"role": payload["role"], "rank": payload["rank"], "what": "loaded-vs-observed",
+                    "expected": effective, "actual": observed, "calls": payload["calls"],
+                    "message": f"[{payload['role']}] rank {payload['rank']} loaded {effective}, but the first forward "
+                               f"called {observed or 'no attention function'} ({payload['calls']})"})
+    return out

@@ -1,0 +1,349 @@
+"""One rank of a run: a Ray actor holding this rank's shard of every role (actor/rollout, reference,
+critic), colocated as verl colocates them, inside one ``torch.distributed`` process group.
+
+The controller calls the methods; ``@register`` says how each call fans out (``worker.engine.dispatch``).
+Rank workers never number events: they return payloads and the controller emits them.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from worker import models
+from worker.classify import EnvFacts, ErrorInfo, classify
+from worker.engine import compute, ulysses
+from worker.engine.dispatch import Dispatch, Mesh, register
+from worker.engine.observe import observe_attention
+
+ROLES_LOADED = ("actor", "reference", "critic")
+
+
+@dataclass
+class RolePlan:
+    """How one role is loaded: the implementations to try in order and the context of that choice."""
+
+    role: str
+    loader: str  # "causal_lm" | "value"
+    folder: str
+    override_config: dict[str, Any]
+    candidates: list[str]  # tried in order; under strict, one
+    requested: str
+    forced: bool
+    reasons: list[dict[str, str]]
+    strategy: str
+    sp: int
+    trained: bool
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+
+
+@dataclass
+class LoadPlan:
+    roles: list[RolePlan]
+    policy: str
+    env: dict[str, Any]
+    seed: int
+
+
+class RoleLoadError(RuntimeError):
+    """No implementation of the plan could be loaded; carries every attempt for the failure event."""
+
+    def __init__(self, role: str, attempts: list[dict[str, Any]]):
+        self.role, self.attempts = role, attempts
+        last = attempts[-1]
+        super().__init__(f"[{role}] could not load with {last['implementation']}: {last['error']}")
+
+    def __reduce__(self):  # crosses the Ray boundary intact (the default pickles only the message)
+        return (RoleLoadError, (self.role, self.attempts))
+
+
+@dataclass
+class _Loaded:
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    sp: compute.SeqParallel
+    mesh: Mesh
+    plan: RolePlan
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _probe_ids(vocab_size: int) -> torch.Tensor:
+    return (torch.arange(8) % max(vocab_size - 1, 1) + 1)[None, :]  # (1, 8)
+
+
+def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool) -> dict[str, Any]:
+    """A 1x8 forward (and backward for trained roles) under observation -> what ran."""
+    ids = _probe_ids(vocab_size)
+    with observe_attention() as seen:
+        if trained:
+            model(input_ids=ids).logits.float().sum().backward()
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                model(input_ids=ids)
+    return seen.as_dict()
+
+
+class RankWorker:
+    """A rank. Created by the controller with ``ray.remote(RankWorker).options(...)``."""
+
+    def __init__(self, rank: int, world: int, run_id: str, device: str = "cpu"):
+        self.rank, self.world, self.run_id, self.device = rank, world, run_id, device
+        torch.set_num_threads(1)
+        self.roles: dict[str, _Loaded] = {}
+        self.sp_groups: dict[int, compute.SeqParallel] = {}
+        self.tokenizer_folder: str | None = None
+        self.rollout_report: dict[str, Any] | None = None
+        self.generations = 0
+
+    # ---- plumbing
+
+    def address(self) -> tuple[str, int]:
+        """Rank 0's rendezvous address: this node's IP (127.0.0.1 on a local cluster) and a free port."""
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id()
+        ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "127.0.0.1")
+        return ip, free_port(ip)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_process_group(self, master_addr: str, master_port: int, sp_sizes: list[int]) -> int:
+        """Join the run's process group (gloo on CPU, nccl on GPU) and build the SP subgroups."""
+        backend = "gloo" if self.device == "cpu" else "nccl"
+        if self.device == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                                world_size=self.world, timeout=timedelta(seconds=120))
+        for sp in sorted(set(sp_sizes)):
+            mesh = Mesh(self.world, sp)
+            mine = None
+            for ranks in mesh.sp_groups():
+                group = dist.new_group(ranks) if sp > 1 else None  # every rank creates every group, same order
+                if self.rank in ranks:
+                    mine = group
+            self.sp_groups[sp] = compute.SeqParallel(mine, sp, mesh.sp_rank(self.rank)) if sp > 1 else compute.NO_SP
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def probe(self, model_folder: str | None = None) -> dict[str, Any]:
+        from worker.probe import probe_environment
+
+        return probe_environment(model_folder)
+
+    # ---- loading
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load(self, plan: LoadPlan) -> list[dict[str, Any]]:
+        """Load every role with its planned implementation chain -> one report per role."""
+        torch.manual_seed(plan.seed)
+        reports = []
+        for role_plan in plan.roles:
+            loaded = self._load_role(role_plan, plan)
+            self.roles[role_plan.role] = loaded
+            reports.append(loaded.report)
+            if role_plan.role == "actor":
+                self.tokenizer_folder = role_plan.folder
+        return reports
+
+    def _load_role(self, p: RolePlan, plan: LoadPlan) -> _Loaded:
+        attempts: list[dict[str, Any]] = []
+        facts = EnvFacts.of(plan.env)
+        for impl in p.candidates:
+            try:
+                config = models.build_config(p.folder, p.override_config, impl)  # always fresh
+                if p.forced:
+                    config._attn_implementation = impl  # FSDP-Turbo's Ulysses path: eager, unconditionally
+                loader = models.load_causal_lm if p.loader == "causal_lm" else models.load_value_model
+                module = loader(p.folder, config)
+                if p.sp > 1:
+                    module.config._attn_implementation = ulysses.register_ulysses(impl)
+                seen = _first_forward(module, module.config.vocab_size, p.trained)
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded and classified
+                diagnosis = classify(ErrorInfo.from_exception(exc), facts,
+                                     role="reference" if p.role == "reference" else p.role)
+                attempts.append({"implementation": impl, "ok": False,
+                                 "error": f"{type(exc).__name__}: {exc}",
+                                 "traceback": traceback.format_exc(limit=8),
+                                 "diagnosis": diagnosis.as_dict()})
+                continue
+            attempts.append({"implementation": impl, "ok": True})
+            wrapped, optimizer = self._shard(module, p)
+            group = self.sp_groups.get(p.sp, compute.NO_SP)
+            report = {
+                "role": p.role, "rank": self.rank, "requested": p.requested, "effective": impl,
+                "config_attn_implementation": module.config._attn_implementation,
+                "observed": seen["observed"], "calls": seen["calls"], "wrappers": seen["wrappers"],
+                "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
+                "attempts": attempts, "strategy": p.strategy, "sp": p.sp,
+            }
+            return _Loaded(wrapped, optimizer, group, Mesh(self.world, p.sp), p, report)
+        raise RoleLoadError(p.role, attempts)
+
+    def _shard(self, module: torch.nn.Module, p: RolePlan) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
+        """Wrap with the role's FSDP flavour; trained roles get an AdamW over the sharded parameters."""
+        if not p.trained:
+            module.requires_grad_(False)
+            module.eval()
+        layers = list(getattr(getattr(module, "model", module), "layers", []))
+        if p.strategy == "fsdp":
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            device_id = torch.device("cpu") if self.device == "cpu" else torch.device("cuda", 0)
+            policy = ModuleWrapPolicy({type(layers[0])}) if layers else None
+            module = FSDP(module, device_id=device_id, auto_wrap_policy=policy, use_orig_params=True)
+        else:  # fsdp2, and fsdp_turbo which runs FSDP2 underneath
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            if self.device == "cuda":
+                module.to("cuda")
+            mesh = init_device_mesh(self.device, (self.world,))
+            for layer in layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(module, mesh=mesh)
+        optimizer = None
+        if p.trained:
+            optimizer = torch.optim.AdamW(module.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+        return module, optimizer
+
+    # ---- compute (batches already split by data-parallel rank)
+
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.device == "cpu":
+            return batch
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    @staticmethod
+    def _to_cpu(out: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+    @register(Dispatch.DP_COMPUTE, mesh="actor")
+    def generate(self, batch: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+        """Rollout with the actor's current (sharded) weights; the first call is observed per rank."""
+        actor = self.roles["actor"]
+        actor.module.eval()
+        batch = self._to_device(batch)
+        generator = torch.Generator(device=batch["prompt_ids"].device)
+        generator.manual_seed(int(settings["seed"]) * 1000 + self.generations * 17 + self.rank)
+        self.generations += 1
+        kwargs = dict(max_new_tokens=settings["max_new_tokens"], eos_token_id=settings["eos_token_id"],
+                      pad_token_id=settings["pad_token_id"], temperature=settings["temperature"],
+                      top_p=settings["top_p"], do_sample=settings["do_sample"], generator=generator,
+                      sync_group=dist.group.WORLD)
+        if self.rollout_report is None:
+            with observe_attention() as seen:
+                out = compute.generate(actor.module, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
+            self.rollout_report = {**actor.report, "role": "rollout", **seen.as_dict()}
+        else:
+            out = compute.generate(actor.module, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
+        return self._to_cpu(out)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def rollout_attention(self) -> dict[str, Any] | None:
+        """What the first generate on this rank called (None before any generate)."""
+        return self.rollout_report
+
+    @register(Dispatch.DP_COMPUTE, mesh="actor")
+    def compute_log_prob(self, batch: dict[str, Any], temperature: float) -> dict[str, Any]:
+        actor = self.roles["actor"]
+        actor.module.eval()
+        with torch.no_grad():
+            log_probs, entropy = compute.policy_forward(actor.module, self._to_device(batch), actor.sp,
+                                                        temperature=temperature, with_entropy=True)
+        return self._to_cpu({"old_log_probs": log_probs, "entropy": entropy})
+
+    @register(Dispatch.DP_COMPUTE, mesh="actor")
+    def compute_ref_log_prob(self, batch: dict[str, Any], temperature: float) -> dict[str, Any]:
+        ref = self.roles["reference"]
+        with torch.no_grad():
+            log_probs, _ = compute.policy_forward(ref.module, self._to_device(batch), ref.sp,
+                                                  temperature=temperature, with_entropy=False)
+        return self._to_cpu({"ref_log_prob": log_probs})
+
+    @register(Dispatch.DP_COMPUTE, mesh="critic")
+    def compute_values(self, batch: dict[str, Any]) -> dict[str, Any]:
+        critic = self.roles["critic"]
+        critic.module.eval()
+        with torch.no_grad():
+            values = compute.value_forward(critic.module, self._to_device(batch), critic.sp)
+        return self._to_cpu({"values": values})
+
+    @register(Dispatch.DP_COMPUTE, mesh="actor")
+    def update_actor(self, batch: dict[str, Any], settings: compute.ActorSettings) -> dict[str, float]:
+        actor = self.roles["actor"]
+        return compute.update_actor(actor.module, actor.optimizer, self._to_device(batch), actor.sp, settings)
+
+    @register(Dispatch.DP_COMPUTE, mesh="critic")
+    def update_critic(self, batch: dict[str, Any], settings: compute.CriticSettings) -> dict[str, float]:
+        critic = self.roles["critic"]
+        return compute.update_critic(critic.module, critic.optimizer, self._to_device(batch), critic.sp, settings)
+
+    @register(Dispatch.DP_COMPUTE, mesh="actor")
+    def policy_loss_and_grads(self, batch: dict[str, Any], settings: compute.ActorSettings) -> dict[str, Any]:
+        """One forward/backward of the actor loss, no step: the loss and the full (unsharded) gradients.
+
+        For parity checks (Ulysses SP vs no SP, one implementation vs another) on the same weights.
+        """
+        actor = self.roles["actor"]
+        actor.module.train()
+        actor.module.zero_grad(set_to_none=True)
+        loss, _ = compute.actor_loss(actor.module, self._to_device(batch), actor.sp, settings)
+        loss.backward()
+        grads = {}
+        for name, param in actor.module.named_parameters():
+            grad = param.grad
+            if grad is None:
+                continue
+            grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().cpu()
+        actor.module.zero_grad(set_to_none=True)
+        return {"loss": float(loss.detach()), "grads": grads}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def peak_memory_mb(self) -> float:
+        if self.device == "cuda":
+            return torch.cuda.max_memory_allocated() / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_actor(self, target: str) -> str | None:
+        """Gather the actor's full weights; rank 0 writes an HF folder (config, safetensors, tokenizer)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        actor = self.roles["actor"]
+        state = get_model_state_dict(actor.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        plan = actor.plan
+        config = models.build_config(plan.folder, plan.override_config, actor.report["effective"])
+        model = models.load_causal_lm(plan.folder, config)
+        model.load_state_dict(state)
+        out = Path(target)
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        models.load_tokenizer(plan.folder).save_pretrained(out)
+        return str(out)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
