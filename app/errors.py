@@ -99,19 +99,22 @@ def not_found(what: str, ident: Any, field: str = "id") -> AppError:
 
 
 def _validation_issue(err: dict[str, Any]) -> dict[str, Any]:
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    loc = [str(p) for p in err.get("loc", ())]
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
     field = ".".join(loc) or "(body)"
     ctx = err.get("ctx") or {}
-    valid = ctx.get("expected")
+    valid = _expected_list(ctx.get("expected"))
     kind = err.get("type", "")
     message = str(err.get("msg", "invalid"))
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     value = err.get("input")
-    if not loc and kind == "value_error" and ": " in message:
-        # A whole-body validator names the field at the start of its message.
-        field = message.split(": ", 1)[0]
-        value = None
+    if kind == "unstorable":
+        # A whole-body check (app.models._Request) found the field deep inside the body.
+        field = ".".join([*loc, ctx["field"]]) if ctx.get("field") != "(body)" else field
+        value = ctx.get("value")
+        message = f"{value!r} cannot be stored: {ctx.get('why')}"
     if kind == "extra_forbidden":
         message = f"unknown key {loc[-1]!r}" if loc else "unknown key"
     elif kind == "missing":
@@ -123,6 +126,14 @@ def _validation_issue(err: dict[str, Any]) -> dict[str, Any]:
         value = None
     return {"field": field, "value": _jsonable(value), "message": f"{field}: {message}",
             "valid": valid, "severity": "error", "type": kind}
+
+
+def _expected_list(expected: Any) -> Any:
+    """pydantic's "'cli' or 'yaml'" -> ["cli", "yaml"]."""
+    if not isinstance(expected, str):
+        return expected
+    parts = [p.strip().strip("'") for p in expected.replace(" or ", ",").split(",")]
+    return [p for p in parts if p]
 
 
 def validation_error(exc: RequestValidationError) -> AppError:

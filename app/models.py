@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Annotated, Any, Literal
 
+from pydantic_core import PydanticCustomError
 from pydantic import AfterValidator, BaseModel, ConfigDict, computed_field, model_validator
 from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
@@ -57,7 +58,7 @@ def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
         if isinstance(item, float) and not math.isfinite(item):
             return where or "(body)", str(item), "NaN and Infinity are not numbers JSON can store"
         if isinstance(item, str) and "\x00" in item:
-            return where or "(body)", item.replace("\x00", "\\0")[:80], "text must not contain NUL characters"
+            return where or "(body)", item.replace("\x00", "\\0")[:80], "text must not contain NUL (\\0) characters"
         if isinstance(item, dict):
             for key, child in item.items():
                 if isinstance(key, str) and "\x00" in key:
@@ -80,7 +81,8 @@ class _Request(SQLModel):
         problem = storable_problem(data)
         if problem is not None:
             field, value, why = problem
-            raise ValueError(f"{field}: {value!r} cannot be stored: {why}")
+            raise PydanticCustomError("unstorable", "{value!r} cannot be stored: {why}",
+                                      {"field": field, "value": value, "why": why})
         return data
 
 

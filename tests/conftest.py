@@ -112,27 +112,64 @@ def empty_db_url(db_backend: str, tmp_path) -> Iterator[str]:
         _pg_drop(name)
 
 
-@pytest.fixture
-def settings(db_url: str, tmp_path):
+@pytest.fixture(scope="session")
+def _session_settings(_migrated_url: str, tmp_path_factory: pytest.TempPathFactory):
     from app.core.config import Settings
 
-    return Settings(DATA_DIR=tmp_path / "data", DATABASE_URL=db_url)
+    return Settings(DATA_DIR=tmp_path_factory.mktemp("data"), DATABASE_URL=_migrated_url)
 
 
-@pytest.fixture
-def api(settings) -> Iterator[FastAPI]:
+@pytest.fixture(scope="session")
+def _session_client(_session_settings) -> Iterator[TestClient]:
+    """One app per backend for the whole session (building an app and its routes costs ~0.3 s)."""
     from app.main import create_app
 
-    app = create_app(settings, migrate=False)
-    yield app
+    app = create_app(_session_settings, migrate=False)
+    # raise_server_exceptions: a bug (a would-be 500) fails the test with its traceback.
+    with TestClient(app, raise_server_exceptions=True) as c:
+        yield c
     app.state.engine.dispose()
 
 
 @pytest.fixture
-def client(api: FastAPI) -> Iterator[TestClient]:
-    # raise_server_exceptions: a bug (a would-be 500) fails the test with its traceback.
-    with TestClient(api, raise_server_exceptions=True) as c:
-        yield c
+def settings(_session_settings, db_url: str):
+    return _session_settings
+
+
+@pytest.fixture
+def api(_session_client: TestClient, db_url: str) -> Iterator[FastAPI]:
+    """The shared app; dependency overrides and launcher changes are undone after the test."""
+    app = _session_client.app
+    launcher = app.state.launcher
+    yield app
+    app.dependency_overrides.clear()
+    app.state.launcher = launcher
+
+
+@pytest.fixture
+def client(api: FastAPI, _session_client: TestClient) -> TestClient:
+    return _session_client
+
+
+@pytest.fixture
+def make_client(db_url: str, tmp_path) -> Iterator:
+    """A separate app with other settings: ``make_client(REQUIRE_TOKEN_FOR_READS=True)``."""
+    from app.core.config import Settings
+    from app.main import create_app
+
+    opened = []
+
+    def make(**overrides) -> TestClient:
+        app = create_app(Settings(DATA_DIR=tmp_path / "data", DATABASE_URL=db_url, **overrides), migrate=False)
+        client = TestClient(app, raise_server_exceptions=True)
+        client.__enter__()
+        opened.append(client)
+        return client
+
+    yield make
+    for client in opened:
+        client.__exit__(None, None, None)
+        client.app.state.engine.dispose()
 
 
 def _token_headers(session: Session, scopes: list[str]) -> dict[str, str]:

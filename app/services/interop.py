@@ -7,7 +7,6 @@ parser against alias bombs and runaway nesting before the text reaches it.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 import yaml
@@ -15,7 +14,9 @@ import yaml
 from app.errors import AppError
 from worker.environment import PROFILES, Environment, UnknownProfileError, get_profile
 from worker.resolution import resolve
+from worker import verl
 from worker.spec import Issue, RunSpec, SpecError, check_spec, parse_spec, spec_to_tree
+from worker.specfile import detect_format
 
 ImportFormat = Literal["cli", "yaml", "auto"]
 ExportFormat = Literal["cli", "yaml"]
@@ -23,9 +24,6 @@ ExportFormat = Literal["cli", "yaml"]
 MAX_IMPORT_CHARS = 200_000
 MAX_YAML_NODES = 50_000
 """A YAML document may expand (aliases followed) to at most this many nodes; verl's full config has ~700."""
-
-_COMMAND_START = re.compile(r"^\s*(\S*python[\d.]*|torchrun|verl|ray)\b|^\s*[+~]{0,2}[A-Za-z_][\w.]*=", re.MULTILINE)
-
 
 def issue_dicts(issues: list[Issue], prefix: str = "spec") -> list[dict[str, Any]]:
     return [{**i.as_dict(), "field": f"{prefix}.{i.field}" if prefix else i.field} for i in issues]
@@ -64,16 +62,6 @@ def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any]) 
 
 # --------------------------------------------------------------------------------------------
 # Import
-
-
-def detect_format(text: str) -> Literal["cli", "yaml"]:
-    """``cli`` when the first meaningful line is a command or a ``key=value`` override, else ``yaml``."""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        return "cli" if _COMMAND_START.match(stripped) else "yaml"
-    return "yaml"
 
 
 def _yaml_position(mark: Any) -> str:
@@ -120,8 +108,6 @@ def _line_at(text: str, mark: Any) -> str | None:
 
 def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
     """A verl command line or YAML -> {"format", "spec", "warnings", "overrides"}."""
-    from worker import verl
-
     if len(text) > MAX_IMPORT_CHARS:
         raise AppError(422, "text_too_long", f"text: {len(text)} characters is too long; valid: at most "
                        f"{MAX_IMPORT_CHARS}", field="text", value=len(text), valid=f"<= {MAX_IMPORT_CHARS} characters")
@@ -134,12 +120,12 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
     try:
         result = verl.import_yaml(text) if fmt == "yaml" else verl.import_command(text)
     except verl.VerlImportError as exc:
-        token, position = getattr(exc, "token", None), getattr(exc, "position", None)
-        message = getattr(exc, "message", None) or str(exc)
-        where = f" at position {position}" if position is not None else ""
-        raise AppError(422, "import_error", f"text: {message}{where}", field="text", value=token,
-                       issues=[{"field": "text", "message": message, "token": token, "position": position,
-                                "severity": "error"}]) from None
+        spec_issues = [_plain(i) for i in exc.issues]
+        field = spec_issues[0]["field"] if spec_issues and isinstance(spec_issues[0], dict) else "text"
+        raise AppError(422, "import_error", f"text: {exc.message} (at character {exc.position}: {exc.token[:80]!r})",
+                       field=field, value=exc.token,
+                       issues=[{"field": "text", "message": exc.message, "token": exc.token, "position": exc.position,
+                                "severity": "error"}, *spec_issues]) from None
     except SpecError as exc:
         raise AppError.from_spec_error(exc) from None
     except RecursionError:
@@ -156,8 +142,6 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
 
 def export_spec(*, tree: dict[str, Any], format: ExportFormat) -> dict[str, Any]:
     """A stored spec tree -> {"format", "text", "warnings"} (a verl command line or YAML)."""
-    from worker import verl
-
     try:
         spec = parse_spec(tree)
     except SpecError as exc:
