@@ -145,7 +145,7 @@ def test_list_live_and_compare_pages(page, server, db):
     base, _ = server
     xss = stored_run(db, name=XSS_NAME, events=succeeded_events(steps=6))
     fell = stored_run(db, name="critic fell back to sdpa", events=succeeded_events(steps=8, fallback_critic=True),
-                      **{"attnboard.fallback_policy": "fallback"})
+                      **{"attnboard.fallback_policy": "fallback", "trainer.total_training_steps": 8})
     page.goto(base + "/")
     assert page.locator(f"tr[data-run='{xss}'] td.name a").inner_text() == XSS_NAME
     shot(page, "list")
