@@ -1,0 +1,165 @@
+"""Runs over the API: create from a saved or inline spec, immutable copies, list filters and
+pagination, cancel with and without a launcher, retry with a patch, clone, export."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from app.models import Run
+from app.services.launcher import LauncherUnavailable
+from tests.app.factories import make_run, status_event, tiny_spec
+
+
+class RecordingLauncher:
+    """A launcher that accepts every run and remembers the calls (the Ray one comes with issue 4)."""
+
+    def __init__(self, fail: bool = False):
+        self.submitted: list[int] = []
+        self.cancelled: list[int] = []
+        self.fail = fail
+
+    def submit(self, run: Run) -> str | None:
+        if self.fail:
+            raise LauncherUnavailable("Ray at 127.0.0.1:6379 is not reachable")
+        self.submitted.append(run.id)
+        return f"job-{run.id}"
+
+    def cancel(self, run: Run) -> None:
+        self.cancelled.append(run.id)
+
+
+def _events(client, headers, run_id, *events):
+    resp = client.post(f"/api/runs/{run_id}/events", json=list(events), headers=headers)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_create_from_saved_spec_copies_it(client, write_headers):
+    spec = client.post("/api/specs", json={"name": "saved", "spec": tiny_spec()}, headers=write_headers).json()
+    run = client.post("/api/runs", json={"spec_id": spec["id"]}, headers=write_headers).json()
+    assert run["name"] == "saved" and run["spec_id"] == spec["id"] and run["spec"] == spec["spec"]
+    assert run["status"] == "queued" and run["progress"] == {"step": 0, "total_steps": 3, "fraction": 0.0}
+    assert run["terminal"] is False and run["ray_job"] is None
+
+
+def test_inline_spec_with_dotted_keys_and_environment(client, write_headers):
+    resp = client.post("/api/runs", json={"name": "n", "spec": tiny_spec(), "environment": "cpu"}, headers=write_headers)
+    assert resp.status_code == 201
+    assert resp.json()["environment"] == "cpu"
+
+
+def test_list_filters_and_pagination(client, write_headers):
+    a = make_run(client, write_headers, name="alpha one")
+    b = make_run(client, write_headers, name="beta")
+    c = make_run(client, write_headers, name="Alpha two")
+    _events(client, write_headers, b["id"], status_event(1, "starting"), status_event(2, "running"))
+    client.post(f"/api/runs/{c['id']}/cancel", headers=write_headers)
+
+    def names(**params):
+        body = client.get("/api/runs", params=params).json()
+        return [r["name"] for r in body["data"]], body["total"]
+
+    assert names() == (["Alpha two", "beta", "alpha one"], 3)
+    assert names(name="ALPHA") == (["Alpha two", "alpha one"], 2)
+    assert names(status="running") == (["beta"], 1)
+    assert names(status=["running", "cancelled"]) == (["Alpha two", "beta"], 2)
+    assert names(limit=1, offset=1) == (["beta"], 3)
+    assert names(limit=5, offset=10) == ([], 3)
+    future = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    past = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
+    assert names(created_after=future) == ([], 0)
+    assert names(created_after=past, created_before=future)[1] == 3
+    assert a["id"] < b["id"] < c["id"]
+
+
+def test_list_by_spec_id(client, write_headers):
+    spec = client.post("/api/specs", json={"name": "s", "spec": tiny_spec()}, headers=write_headers).json()
+    mine = client.post("/api/runs", json={"spec_id": spec["id"]}, headers=write_headers).json()
+    make_run(client, write_headers, name="other")
+    body = client.get("/api/runs", params={"spec_id": spec["id"]}).json()
+    assert [r["id"] for r in body["data"]] == [mine["id"]]
+
+
+def test_cancel_queued_is_immediate(client, write_headers):
+    run = make_run(client, write_headers)
+    body = client.post(f"/api/runs/{run['id']}/cancel", headers=write_headers).json()
+    assert body["status"] == "cancelled" and body["finished_at"] and body["terminal"]
+    again = client.post(f"/api/runs/{run['id']}/cancel", headers=write_headers)
+    assert again.status_code == 409
+    assert again.json()["error"]["message"] == (f"run {run['id']} is already cancelled: only queued, starting or "
+                                                "running runs can be cancelled")
+
+
+def test_cancel_running_without_launcher_is_immediate(client, write_headers):
+    run = make_run(client, write_headers)
+    _events(client, write_headers, run["id"], status_event(1, "starting"), status_event(2, "running"))
+    body = client.post(f"/api/runs/{run['id']}/cancel", headers=write_headers).json()
+    assert body["status"] == "cancelled" and body["status_reason"] == "cancelled (no launcher attached)"
+
+
+def test_cancel_running_with_launcher_waits_for_the_worker(client, api, write_headers):
+    launcher = RecordingLauncher()
+    api.state.launcher = launcher
+    run = make_run(client, write_headers)
+    assert launcher.submitted == [run["id"]] and run["ray_job"] == f"job-{run['id']}"
+    _events(client, write_headers, run["id"], status_event(1, "starting"), status_event(2, "running"))
+    body = client.post(f"/api/runs/{run['id']}/cancel", headers=write_headers).json()
+    assert (body["status"], body["cancel_requested"]) == ("running", True)
+    assert launcher.cancelled == [run["id"]]
+    _events(client, write_headers, run["id"], status_event(3, "cancelled", "stopped by user"))
+    done = client.get(f"/api/runs/{run['id']}").json()
+    assert (done["status"], done["cancel_requested"], done["status_reason"]) == ("cancelled", False, "stopped by user")
+
+
+def test_unreachable_launcher_keeps_the_run_queued(client, api, write_headers):
+    api.state.launcher = RecordingLauncher(fail=True)
+    resp = client.post("/api/runs", json={"name": "later", "spec": tiny_spec()}, headers=write_headers)
+    assert resp.status_code == 503
+    error = resp.json()["error"]
+    assert error["code"] == "launcher_unavailable" and "not reachable" in error["message"]
+    kept = client.get(f"/api/runs/{error['value']}").json()
+    assert kept["status"] == "queued" and kept["status_reason"].startswith("not submitted yet")
+
+
+def test_retry_with_patch_revalidates_and_links(client, write_headers):
+    run = make_run(client, write_headers, name="first")
+    patch = {"critic.model.override_config.attn_implementation": "eager", "attnboard.seed": 1}
+    resp = client.post(f"/api/runs/{run['id']}/retry", json={"patch": patch}, headers=write_headers)
+    assert resp.status_code == 201, resp.text
+    retry = resp.json()
+    assert retry["retry_of"] == run["id"] and retry["name"] == "first (retry)" and retry["status"] == "queued"
+    assert retry["spec"]["critic"]["model"]["override_config"] == {"attn_implementation": "eager"}
+    assert retry["spec"]["attnboard"]["seed"] == 1
+    # the original keeps its own copy
+    assert client.get(f"/api/runs/{run['id']}").json()["spec"] == run["spec"]
+    unknown = client.post(f"/api/runs/{run['id']}/retry", json={"patch": {"trainer.n_gpu_per_node": 2}},
+                          headers=write_headers).json()["error"]
+    assert unknown["field"] == "spec.trainer.n_gpu_per_node" and unknown["valid"] == "trainer.n_gpus_per_node"
+
+
+def test_retry_without_body_and_removing_a_key(client, write_headers):
+    run = make_run(client, write_headers, **{"actor_rollout_ref.model.override_config.attn_implementation": "sdpa"})
+    plain = client.post(f"/api/runs/{run['id']}/retry", headers=write_headers).json()
+    assert plain["spec"] == run["spec"]
+    removed = client.post(f"/api/runs/{run['id']}/retry",
+                          json={"patch": {"actor_rollout_ref.model.override_config.attn_implementation": None}},
+                          headers=write_headers).json()
+    assert removed["spec"]["actor_rollout_ref"]["model"]["override_config"] == {}
+
+
+def test_clone_is_independent(client, write_headers):
+    run = make_run(client, write_headers, name="x" * 200)
+    clone = client.post(f"/api/runs/{run['id']}/clone", headers=write_headers).json()
+    assert clone["retry_of"] is None and clone["spec"] == run["spec"] and clone["id"] != run["id"]
+    assert clone["name"].endswith(" (copy)") and len(clone["name"]) == 200
+    named = client.post(f"/api/runs/{run['id']}/clone", json={"name": "mine"}, headers=write_headers).json()
+    assert named["name"] == "mine"
+
+
+@pytest.mark.parametrize("fmt", ["cli", "yaml"])
+def test_run_export(client, write_headers, fmt):
+    run = make_run(client, write_headers)
+    body = client.get(f"/api/runs/{run['id']}/export", params={"format": fmt}).json()
+    assert body["format"] == fmt and "builtin:tiny-llama" in body["text"]
