@@ -66,7 +66,11 @@ def _apply(run: Run, ev: EventCreate) -> None:
     if ev.kind == EventKind.status:
         status = parse_status(payload.get("status"), field=f"events[seq={ev.seq}].payload.status")
         reason = payload.get("reason")
-        set_status(run, status, reason=str(reason) if reason is not None else None, at=ev.ts)
+        if status.value == run.status:  # a worker repeating the state the app already shows (e.g. queued)
+            if reason is not None:
+                run.status_reason = str(reason)
+        else:
+            set_status(run, status, reason=str(reason) if reason is not None else None, at=ev.ts)
         if status.value == "cancelled":
             run.cancel_requested = False
     elif ev.kind == EventKind.metric:
