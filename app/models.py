@@ -238,6 +238,16 @@ class RunsPublic(BaseModel):
     offset: int
 
 
+class RunWaitPublic(BaseModel):
+    """The answer of ``GET /api/runs/{id}/wait``: the run when it finished or the wait timed out."""
+
+    run: RunPublic
+    timed_out: bool = Field(description="True when the run was still unfinished at the timeout.")
+    attention: dict[str, dict[str, Any]] = Field(
+        description="Per role, from its attention events: requested, effective, observed, status, forced, fallback."
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Events: the contract in PRODUCT.md, (run_id, seq, ts, kind, payload), seq contiguous from 1.
 
@@ -247,6 +257,7 @@ class EventKind(str, Enum):
     env_probe = "env_probe"
     attention = "attention"
     fallback = "fallback"
+    attention_mismatch = "attention_mismatch"
     metric = "metric"
     log = "log"
     error = "error"
