@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, status
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, status
 
 from app.deps import LauncherDep, SessionDep, require_read, require_write
 from app.models import (
@@ -20,9 +20,10 @@ from app.models import (
     RunRetry,
     RunsPublic,
     RunStatus,
+    RunWaitPublic,
 )
 from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset
-from app.services import events, interop, runs
+from app.services import events, interop, pump, runs
 from app.services.events import MAX_EVENTS_PAGE
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
@@ -78,6 +79,25 @@ def append_events(
 ) -> AppendResult:
     """Ingest worker events; idempotent on (run_id, seq), a gap in seq is refused (409)."""
     return events.append_events(session, run_id=run_id, events=body)
+
+
+@router.get("/{run_id}/wait", response_model=RunWaitPublic, dependencies=Read)
+async def wait_run(
+    request: Request,
+    run_id: RunId,
+    timeout: Annotated[float, Query(ge=0, le=pump.MAX_WAIT_S, description="Seconds to wait at most (<= 300).")] = 30.0,
+) -> RunWaitPublic:
+    """Long-poll: answers when the run has finished, or at ``timeout`` with ``timed_out: true``; with the run and
+    the attention each role really used."""
+    run, attention, timed_out = await pump.wait_for_run(request.app.state.engine, request.app.state.run_changes,
+                                                        run_id=run_id, timeout=timeout)
+    return RunWaitPublic(run=RunPublic.model_validate(run), timed_out=timed_out, attention=attention)
+
+
+@router.post("/{run_id}/submit", response_model=RunPublic, dependencies=Write)
+def submit_run(session: SessionDep, launcher: LauncherDep, run_id: RunId) -> RunPublic:
+    """Submit a queued run again, e.g. after a 503 while Ray was unreachable (the scheduler also retries)."""
+    return RunPublic.model_validate(runs.resubmit_run(session, run_id=run_id, launcher=launcher))
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic, dependencies=Write)

@@ -112,6 +112,19 @@ def submit_run(session: Session, *, run: Run, launcher: Launcher) -> Run:
     return run
 
 
+def resubmit_run(session: Session, *, run_id: int, launcher: Launcher | None) -> Run:
+    """Submit a queued run again (after a 503 because the backend was down): 409 unless it is queued,
+    503 while no launcher is attached or the backend is still unreachable."""
+    run = get_run(session, run_id=run_id)
+    if run.status != RunStatus.queued.value:
+        raise AppError(409, "invalid_transition", f"run {run_id} is {run.status}: only queued runs can be submitted",
+                       field="status", value=run.status, valid=["queued"])
+    if launcher is None:
+        raise AppError(503, "launcher_unavailable", f"run {run_id} stays queued: this app has no launcher attached",
+                       field="run_id", value=run_id)
+    return submit_run(session, run=run, launcher=launcher)
+
+
 # --------------------------------------------------------------------------------------------
 # Read
 
