@@ -73,6 +73,13 @@ class Settings(BaseSettings):
         description="Ray cluster to submit runs to (auto, HOST:PORT or ray://HOST:PORT). Empty means the app "
         "starts a local Ray on 127.0.0.1.",
     )
+    RAY_NUM_CPUS: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="CPUs the embedded Ray head offers (each CPU rank takes one); 0 means the machine's CPU "
+        "count. Ignored when RAY_ADDRESS is set.",
+    )
     MODEL_ROOTS: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="Folders local Hugging Face models may be loaded from, separated by ':' (or a JSON list); "
