@@ -175,7 +175,7 @@ def serve_cmd(
     """Serve the dashboard and the REST API (migrations are applied at start-up)."""
     import uvicorn
 
-    uvicorn.run("app.main:create_app", factory=True, host=host, port=port, reload=reload, proxy_headers=False)
+    uvicorn.run("app.main:create_served_app", factory=True, host=host, port=port, reload=reload, proxy_headers=False)
 
 
 @token_cli.command("create")

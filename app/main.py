@@ -1,12 +1,22 @@
 """The app factory. ``create_app()`` reads the settings, applies migrations at start-up (Alembic, never
-``create_all``), and mounts the API routers; ``uvicorn app.main:app`` serves the module-level app."""
+``create_all``), and mounts the API routers; ``uvicorn app.main:app`` serves the module-level app.
+
+``create_app(ray=True)`` (what ``attnboard serve`` and ``app.main:app`` use) also joins Ray at start-up
+(``app.services.ray_runtime``) and runs the supervisor thread that schedules queued runs and moves
+every worker event into the database (``app.services.pump``); at shutdown it stops the supervisor and
+leaves Ray as ``ray_runtime`` describes."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+from starlette.concurrency import run_in_threadpool
 
 from app.core.config import Settings, get_settings
 from app.db import make_engine, run_migrations
@@ -14,21 +24,33 @@ from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit
 from app.routes import health, pages, runs, specs, tokens, tools
 from app.services.auth import bearer_authenticator
+from app.models import Run
 from app.services.launcher import Launcher
+from app.services.pump import RunChanges, Supervisor
+from app.services.ray_launcher import ACTIVE, RayLauncher
+from app.services.ray_runtime import RayRuntime, RayUnavailable
+
+log = logging.getLogger("attnboard")
 
 API_ROUTERS = (health.router, specs.router, runs.router, tools.router, tokens.router)
 
 
-def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None, migrate: bool = True) -> FastAPI:
-    """A configured app. ``launcher`` hands runs to compute (None: runs stay queued);
-    ``migrate=False`` skips ``upgrade head`` for callers that already ran it."""
+def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None, migrate: bool = True,
+               ray: bool = False) -> FastAPI:
+    """A configured app. ``launcher`` hands runs to compute (None: runs stay queued); ``ray=True`` builds the
+    Ray launcher and its supervisor at start-up instead; ``migrate=False`` skips ``upgrade head`` for
+    callers that already ran it."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if migrate:
             run_migrations(settings.DATABASE_URL)
+        app.state.run_changes.bind(asyncio.get_running_loop())
+        supervisor = await run_in_threadpool(_start_ray, app, settings) if ray else None
         yield
+        if supervisor is not None:
+            await run_in_threadpool(_stop_ray, app, supervisor)
         app.state.engine.dispose()
 
     app = FastAPI(
@@ -40,6 +62,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.settings = settings
     app.state.engine = make_engine(settings.DATABASE_URL)
     app.state.launcher = launcher
+    app.state.run_changes = RunChanges()
     # Tried in order for every request; the dashboard appends its session-cookie authenticator.
     app.state.authenticators = [bearer_authenticator]
 
@@ -55,9 +78,37 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     return app
 
 
+def _start_ray(app: FastAPI, settings: Settings) -> Supervisor:
+    """Join Ray (starting the embedded head when no address is set) and start the supervisor. Ray being
+    down does not stop the app: submissions answer 503 and the supervisor retries."""
+    runtime = RayRuntime(address=settings.RAY_ADDRESS, data_dir=settings.DATA_DIR, num_cpus=settings.RAY_NUM_CPUS)
+    launcher = RayLauncher(runtime, model_roots=[str(root) for root in settings.MODEL_ROOTS])
+    try:
+        runtime.ensure()
+    except RayUnavailable as exc:
+        log.error("Ray is not available yet (%s); runs stay queued until it is", exc)
+    app.state.launcher = launcher
+    supervisor = Supervisor(app.state.engine, launcher, app.state.run_changes)
+    supervisor.start()
+    return supervisor
+
+
+def _stop_ray(app: FastAPI, supervisor: Supervisor) -> None:
+    supervisor.stop()
+    with Session(app.state.engine) as session:
+        active = session.exec(select(func.count()).select_from(Run)
+                              .where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).one()
+    supervisor.launcher.runtime.shutdown(active_runs=active)
+
+
+def create_served_app() -> FastAPI:
+    """The app ``attnboard serve`` runs: settings from the environment, runs launched on Ray."""
+    return create_app(ray=True)
+
+
 def __getattr__(name: str) -> FastAPI:
     """``app.main:app`` for uvicorn, built on first access so importing this module has no side effects."""
     if name == "app":
-        globals()["app"] = create_app()
+        globals()["app"] = create_served_app()
         return globals()["app"]
     raise AttributeError(name)

@@ -1,0 +1,299 @@
+"""Events exactly once, and no run left behind.
+
+The supervisor (one thread per app process, started in the app's lifespan) repeats a short pass:
+
+1. **pump**: for every unfinished run with a controller, pull ``events_since(last_seq)`` from the
+   controller, store them with ``append_events`` (idempotent on ``(run_id, seq)``, refuses gaps), then
+   ``ack`` the last stored seq; a finished run whose events are all acknowledged lets its controller
+   stop its ranks and exit. The database is the only record of progress: a restarted app continues
+   from each run's ``last_seq``, so nothing is lost or stored twice.
+2. **reconcile**: a run whose controller is gone (after a restart, or because its process died) is
+   marked ``failed`` with the cause and an ``error`` event (``cancelled`` if a cancel was pending), so
+   no run stays unfinished after its workers are gone.
+3. **schedule**: ``ray_launcher.schedule`` starts queued runs that fit.
+
+``RunChanges`` lets ``GET /api/runs/{id}/wait`` sleep until a pass changed something instead of
+polling the database in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from app.errors import AppError
+from app.models import TERMINAL_STATUSES, Event, EventCreate, EventKind, Run, RunStatus
+from app.services.events import append_events
+from app.services.launcher import LauncherUnavailable
+from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, kill_actor, schedule
+
+log = logging.getLogger("attnboard.pump")
+
+BATCH = 1000
+TICK_S = 0.25
+MAX_WAIT_S = 300.0
+RECHECK_S = 2.0
+
+
+# --------------------------------------------------------------------------------------------
+# Pure: worker events -> stored events
+
+
+def storable(value: Any) -> Any:
+    """A copy of ``value`` the databases can store: NaN/Infinity become None, NUL characters ``\\0``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value.replace("\x00", "\\0")
+    if isinstance(value, dict):
+        return {storable(k) if isinstance(k, str) else str(k): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
+
+
+def to_event_create(event: dict[str, Any]) -> EventCreate:
+    """A worker event ``{run_id, seq, ts, kind, payload}`` as the app stores it. The worker names a status
+    ``state``; the app's events and pages read ``status``, so a status payload carries both."""
+    payload = storable(dict(event.get("payload") or {}))
+    if event["kind"] == EventKind.status.value and "status" not in payload and "state" in payload:
+        payload["status"] = payload["state"]
+    ts = event.get("ts")
+    when = datetime.fromtimestamp(ts, timezone.utc) if isinstance(ts, (int, float)) and math.isfinite(ts) else None
+    return EventCreate(seq=event["seq"], kind=event["kind"], payload=payload, ts=when)
+
+
+def gone_events(last_seq: int, *, name: str, why: str, cancel_requested: bool) -> list[EventCreate]:
+    """The events the app writes for a run whose controller is gone: an ``error`` with the cause, then the
+    final status (``cancelled`` when a cancel was pending, else ``failed``)."""
+    final = RunStatus.cancelled if cancel_requested else RunStatus.failed
+    message = f"workers gone: controller {name} {why}"
+    return [
+        EventCreate(seq=last_seq + 1, kind=EventKind.error, payload={"message": message, "source": "app"}),
+        EventCreate(seq=last_seq + 2, kind=EventKind.status,
+                    payload={"status": final.value, "state": final.value, "reason": message}),
+    ]
+
+
+def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per role, from its ``attention`` events (first rank seen wins): requested, effective, observed,
+    status, forced, fallback."""
+    out: dict[str, dict[str, Any]] = {}
+    for payload in payloads:
+        role = payload.get("role")
+        if isinstance(role, str) and role not in out:
+            out[role] = {key: payload.get(key) for key in
+                         ("requested", "effective", "observed", "status", "forced", "fallback", "rank")}
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Change notification for long-polls
+
+
+class RunChanges:
+    """Wakes ``/wait`` long-polls (asyncio) when the supervisor (a thread) changed runs."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def notify(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Return at the next change, or after ``timeout`` seconds."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(fut)
+
+
+def run_snapshot(engine: Engine, run_id: int) -> tuple[Run, dict[str, dict[str, Any]]]:
+    """The run (404 if missing) and its attention summary per role."""
+    from app.services.runs import get_run
+
+    with Session(engine, expire_on_commit=False) as session:
+        run = get_run(session, run_id=run_id)
+        payloads = session.exec(select(Event.payload).where(Event.run_id == run_id, Event.kind == EventKind.attention.value)
+                                .order_by(col(Event.seq))).all()
+    return run, attention_summary(list(payloads))
+
+
+async def wait_for_run(engine: Engine, changes: RunChanges, *, run_id: int, timeout: float,
+                       clock: Callable[[], float] = time.monotonic) -> tuple[Run, dict[str, dict[str, Any]], bool]:
+    """Until the run is finished or ``timeout`` (<= 300 s) passed: (run, attention per role, timed_out).
+    Sleeps on ``changes`` and looks again at least every 2 s (another process may have changed the run)."""
+    from starlette.concurrency import run_in_threadpool
+
+    deadline = clock() + min(max(timeout, 0.0), MAX_WAIT_S)
+    while True:
+        run, attention = await run_in_threadpool(run_snapshot, engine, run_id)
+        if run.status in {s.value for s in TERMINAL_STATUSES}:
+            return run, attention, False
+        left = deadline - clock()
+        if left <= 0:
+            return run, attention, True
+        await changes.wait(min(left, RECHECK_S))
+
+
+# --------------------------------------------------------------------------------------------
+# The supervisor
+
+
+class Supervisor:
+    """One thread that pumps events, reconciles runs with their controllers and schedules the queue."""
+
+    def __init__(self, engine: Engine, launcher: RayLauncher, changes: RunChanges | None = None,
+                 tick: float = TICK_S):
+        self.engine, self.launcher, self.changes, self.tick_s = engine, launcher, changes, tick
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._after_restart = True
+        self._handles: dict[int, Any] = {}
+        self._pending: dict[int, tuple[Any, int]] = {}
+
+    # ---- thread
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="attnboard-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self.launcher.wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.tick():
+                    continue  # more events are waiting: go again at once
+            except Exception:  # noqa: BLE001 - a bad pass is logged; the next one starts clean
+                log.exception("supervisor pass failed")
+            self.launcher.wake.wait(self.tick_s)
+            self.launcher.wake.clear()
+
+    # ---- one pass
+
+    def tick(self) -> bool:
+        """One pass; True when a run has more events waiting than one batch."""
+        try:
+            self.launcher.connect()
+        except LauncherUnavailable:
+            self._pending.clear()
+            self._handles.clear()
+            with Session(self.engine, expire_on_commit=False) as session:
+                schedule(session, self.launcher)  # records "waiting for Ray" on queued runs
+            return False
+        more = changed = False
+        with Session(self.engine, expire_on_commit=False) as session:
+            runs = session.exec(select(Run).where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))
+                                .order_by(col(Run.id))).all()
+            asked = {}
+            for run in runs:
+                ref = self._ask(session, run)
+                if ref is None:
+                    changed = True  # the run was found gone and finished
+                else:
+                    asked[ref] = run
+            ready = self._ready(list(asked))
+            for ref in ready:
+                inserted, full = self.pump_run(session, asked[ref], ref)
+                more |= full
+                changed |= inserted > 0
+            self._after_restart = False
+            changed |= bool(schedule(session, self.launcher))
+        if changed and self.changes is not None:
+            self.changes.notify()
+        return more
+
+    def _ready(self, refs: list[Any]) -> list[Any]:
+        import ray
+
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.tick_s)
+        return ready
+
+    def _ask(self, session: Session, run: Run) -> Any | None:
+        """The pending ``events_since(last_seq)`` call of a run (made now if there is none), or None when
+        its controller is gone (the run is then finished here)."""
+        assert run.id is not None
+        pending = self._pending.get(run.id)
+        if pending is not None and pending[1] == run.last_seq:
+            return pending[0]
+        handle = self._handles.get(run.id) or self.launcher.controller(run.id)
+        if handle is None:
+            self._gone(session, run, "not found after restart" if self._after_restart else "not found")
+            return None
+        self._handles[run.id] = handle
+        ref = handle.events_since.remote(run.last_seq, BATCH)
+        self._pending[run.id] = (ref, run.last_seq)
+        return ref
+
+    def pump_run(self, session: Session, run: Run, ref: Any) -> tuple[int, bool]:
+        """Store the answered batch of a run's events, then acknowledge them.
+        Returns (events stored, whether the batch was full)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        assert run.id is not None
+        self._pending.pop(run.id, None)
+        handle = self._handles.get(run.id)
+        try:
+            events = ray.get(ref)
+        except RayActorError as exc:
+            self._handles.pop(run.id, None)
+            text = str(exc).strip()
+            cause = text.splitlines()[0] if text else type(exc).__name__
+            return self._gone(session, run, f"died ({cause})"), False
+        if not events:
+            return 0, False
+        try:
+            result = append_events(session, run_id=run.id, events=[to_event_create(e) for e in events])
+        except AppError as exc:
+            log.error("run %s: events refused: %s", run.id, exc.message)
+            session.rollback()
+            if handle is not None:
+                kill_actor(handle)
+            self._handles.pop(run.id, None)
+            return self._gone(session, run, f"was stopped: its events could not be stored ({exc.message})"), False
+        session.refresh(run)
+        if handle is not None:
+            handle.ack.remote(result.last_seq)  # idempotent; a finished, fully acknowledged run exits
+        if run.status in {s.value for s in TERMINAL_STATUSES}:
+            self._handles.pop(run.id, None)
+        return result.inserted, len(events) >= BATCH
+
+    def _gone(self, session: Session, run: Run, why: str) -> int:
+        assert run.id is not None
+        events = gone_events(run.last_seq, name=controller_name(run.id), why=why,
+                             cancel_requested=run.cancel_requested)
+        log.warning("run %s: %s", run.id, events[0].payload["message"])
+        result = append_events(session, run_id=run.id, events=events)
+        return result.inserted

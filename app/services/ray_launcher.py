@@ -1,0 +1,272 @@
+"""The Ray launcher: runs become detached controller actors (``worker.engine.controller``), started FIFO
+when the cluster has room for their ranks.
+
+Submitting only checks that Ray is reachable (503 otherwise; the run stays ``queued`` with its spec)
+and wakes the scheduler. The scheduler (``schedule``, called by the supervisor thread in
+``app.services.pump``) reads the queue from the database: queued runs without a controller, oldest
+first. A run starts when its ranks fit (1 CPU per rank on CPU; 1 CPU + 1 GPU per rank otherwise, as
+the controller asks Ray); otherwise it stays ``queued`` and ``status_reason`` says what it waits for.
+A run that needs more than the whole cluster does not hold up the runs behind it.
+
+Resource accounting keeps the state in the database and Ray: free = min(cluster total - what our
+submitted, unfinished runs need, what Ray reports available).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from app.models import TERMINAL_STATUSES, Run, RunStatus
+from app.services.launcher import LauncherUnavailable
+from app.services.ray_runtime import RayRuntime, RayUnavailable
+
+log = logging.getLogger("attnboard.scheduler")
+
+CONTROLLER_PREFIX = "attnboard-run-"
+ACTIVE = [s.value for s in RunStatus if s not in TERMINAL_STATUSES]
+
+
+def controller_name(run_id: int) -> str:
+    """The name of a run's controller actor (the worker's ``controller_name`` of ``str(run_id)``)."""
+    return f"{CONTROLLER_PREFIX}{run_id}"
+
+
+# --------------------------------------------------------------------------------------------
+# Pure scheduling
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a run's ranks ask Ray for, e.g. ``{"CPU": 2}`` or ``{"CPU": 1, "GPU": 1}``."""
+
+    resources: Mapping[str, float]
+
+    @classmethod
+    def of_spec(cls, spec: Mapping[str, Any]) -> Need:
+        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each 1 CPU, plus 1 GPU off CPU."""
+        trainer = spec.get("trainer", {}) if isinstance(spec, Mapping) else {}
+        world = int(trainer.get("nnodes", 1)) * int(trainer.get("n_gpus_per_node", 1))
+        device = trainer.get("device", "cuda")
+        return cls({"CPU": world} if device == "cpu" else {"CPU": world, "GPU": world})
+
+    def fits(self, free: Mapping[str, float]) -> bool:
+        return all(free.get(k, 0.0) >= v for k, v in self.resources.items())
+
+
+def _amount(value: float) -> str:
+    return f"{value:g}"
+
+
+def wait_reason(need: Need, free: Mapping[str, float], total: Mapping[str, float]) -> str | None:
+    """None when ``need`` fits in ``free``; else what the run waits for, e.g.
+    ``"waiting for 2 CPU (1 free of 4)"``.
+
+    >>> wait_reason(Need({"CPU": 2}), {"CPU": 1}, {"CPU": 4})
+    'waiting for 2 CPU (1 free of 4)'
+    """
+    short = [k for k, v in need.resources.items() if free.get(k, 0.0) < v]
+    if not short:
+        return None
+    parts = [f"{_amount(need.resources[k])} {k} ({_amount(max(free.get(k, 0.0), 0.0))} free of "
+             f"{_amount(total.get(k, 0.0))})" for k in short]
+    return "waiting for " + " and ".join(parts)
+
+
+def never_fits(need: Need, total: Mapping[str, float]) -> bool:
+    """More than the whole cluster has: it waits for the cluster to grow without blocking the queue."""
+    return not need.fits(total)
+
+
+def free_resources(total: Mapping[str, float], available: Mapping[str, float],
+                   held: list[Need]) -> dict[str, float]:
+    """min(total - held by our active runs, available as Ray reports it), per resource."""
+    free = {}
+    for key, amount in total.items():
+        ours = amount - sum(n.resources.get(key, 0.0) for n in held)
+        free[key] = max(0.0, min(ours, available.get(key, 0.0)))
+    return free
+
+
+@dataclass(frozen=True)
+class Decision:
+    run_id: int
+    start: bool
+    reason: str | None
+
+
+def plan_queue(queue: list[tuple[int, Need]], free: Mapping[str, float], total: Mapping[str, float]) -> list[Decision]:
+    """FIFO: start runs while they fit; the first that does not fit blocks the ones behind it, except runs
+    that could never fit the whole cluster (those wait aside)."""
+    free = dict(free)
+    decisions = []
+    blocker: int | None = None
+    for run_id, need in queue:
+        if never_fits(need, total):
+            reason = wait_reason(need, free, total)
+            decisions.append(Decision(run_id, False, f"{reason}; more than the cluster has in all, so it waits "
+                                                     f"for the cluster to grow"))
+            continue
+        if blocker is None and need.fits(free):
+            for key, amount in need.resources.items():
+                free[key] = free.get(key, 0.0) - amount
+            decisions.append(Decision(run_id, True, None))
+            continue
+        reason = wait_reason(need, free, total) or f"waiting behind run {blocker} (first in the queue)"
+        if blocker is None:
+            blocker = run_id
+        decisions.append(Decision(run_id, False, reason))
+    return decisions
+
+
+# --------------------------------------------------------------------------------------------
+# The launcher
+
+
+class RayLauncher:
+    """The ``Launcher`` of ``app.services.launcher`` on Ray; ``wake`` is set to nudge the scheduler."""
+
+    def __init__(self, runtime: RayRuntime, *, model_roots: list[str] | None = None):
+        self.runtime = runtime
+        self.model_roots = model_roots or []
+        self.wake = threading.Event()
+
+    # ---- the Launcher protocol
+
+    def submit(self, run: Run) -> str | None:
+        """Check Ray is reachable and wake the scheduler; the run starts when its ranks fit."""
+        self.connect()
+        self.wake.set()
+        return run.ray_job
+
+    def cancel(self, run: Run) -> None:
+        """A queued run's controller is killed at once (the app marks it cancelled); a starting or running run
+        is asked to stop and confirms with its ``status: cancelled`` event."""
+        if not run.ray_job:
+            return
+        try:
+            self.connect()
+        except LauncherUnavailable:
+            log.warning("run %s: cannot reach Ray to cancel it; the supervisor finishes it when Ray is back", run.id)
+            return
+        handle = self.controller(run.id)
+        if handle is None:
+            self.wake.set()
+            return
+        if run.status == RunStatus.queued.value:
+            kill_actor(handle)
+        else:
+            handle.cancel.remote("cancelled by the user")
+        self.wake.set()
+
+    # ---- Ray access for the scheduler and the pump
+
+    def connect(self) -> None:
+        try:
+            self.runtime.ensure()
+        except RayUnavailable as exc:
+            raise LauncherUnavailable(str(exc)) from None
+
+    def controller(self, run_id: int) -> Any | None:
+        """The live controller of a run, or None when it is gone."""
+        import ray
+
+        try:
+            return ray.get_actor(controller_name(run_id), namespace="attnboard")
+        except ValueError:
+            return None
+
+    def cluster_resources(self) -> tuple[dict[str, float], dict[str, float]]:
+        import ray
+
+        return dict(ray.cluster_resources()), dict(ray.available_resources())
+
+    def launch(self, run: Run) -> Any:
+        """Create the run's detached controller and ask it to start; does not wait for the actor process."""
+        from worker.engine.controller import launch_controller
+
+        handle = launch_controller(run.spec, run_id=str(run.id), model_roots=self.model_roots, start=False)
+        handle.start.remote()
+        return handle
+
+
+def kill_actor(handle: Any) -> None:
+    import ray
+
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception as exc:  # noqa: BLE001 - already gone is what we wanted
+        log.debug("kill: %s", exc)
+
+
+# --------------------------------------------------------------------------------------------
+# One scheduling pass (database + Ray)
+
+
+def schedule(session: Session, launcher: RayLauncher) -> list[int]:
+    """Start the queued runs that fit, oldest first; record why the others wait. Returns the started ids."""
+    queued = session.exec(select(Run).where(Run.status == RunStatus.queued.value, col(Run.ray_job).is_(None))
+                          .order_by(col(Run.id))).all()
+    if not queued:
+        return []
+    try:
+        launcher.connect()
+        total, available = launcher.cluster_resources()
+    except LauncherUnavailable as exc:
+        _set_reasons(session, {run.id: f"waiting for Ray: {exc}" for run in queued})
+        return []
+    held_rows = session.exec(select(Run.spec).where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).all()
+    free = free_resources(total, available, [Need.of_spec(spec) for spec in held_rows])
+    by_id = {run.id: run for run in queued}
+    decisions = plan_queue([(run.id, Need.of_spec(run.spec)) for run in queued], free, total)
+    started = []
+    for decision in decisions:
+        if decision.start:
+            if _start(session, launcher, by_id[decision.run_id]):
+                started.append(decision.run_id)
+    _set_reasons(session, {d.run_id: d.reason for d in decisions if not d.start and d.reason})
+    return started
+
+
+def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
+    """Claim the run (a conditional UPDATE, so a concurrent cancel wins), then create its controller."""
+    name = controller_name(run.id)
+    claimed = session.exec(update(Run).where(col(Run.id) == run.id, Run.status == RunStatus.queued.value,  # type: ignore[call-overload]
+                                             col(Run.ray_job).is_(None))
+                           .values(ray_job=name, status_reason="submitted to Ray; starting the controller"))
+    session.commit()
+    if claimed.rowcount != 1:
+        return False
+    try:
+        handle = launcher.launch(run)
+    except ValueError:  # a controller of that name exists already (started before a crash): adopt it
+        log.info("run %s: adopting the existing controller %s", run.id, name)
+        return True
+    except Exception as exc:  # noqa: BLE001 - Ray refused: back to the queue with the cause
+        session.exec(update(Run).where(col(Run.id) == run.id)  # type: ignore[call-overload]
+                     .values(ray_job=None, status_reason=f"could not start on Ray: {type(exc).__name__}: {exc}"))
+        session.commit()
+        return False
+    session.expire_all()
+    fresh = session.get(Run, run.id)
+    if fresh is None or fresh.status in {s.value for s in TERMINAL_STATUSES}:
+        kill_actor(handle)  # cancelled (or deleted) while it was being launched
+    log.info("run %s: controller %s launched", run.id, name)
+    return True
+
+
+def _set_reasons(session: Session, reasons: dict[int, str]) -> None:
+    """Conditional UPDATEs: only runs still queued without a controller, and only when the text changes (a
+    concurrent cancel keeps its own reason)."""
+    for run_id, reason in reasons.items():
+        session.exec(update(Run).where(col(Run.id) == run_id, Run.status == RunStatus.queued.value,  # type: ignore[call-overload]
+                                       col(Run.ray_job).is_(None),
+                                       (col(Run.status_reason).is_(None)) | (col(Run.status_reason) != reason))
+                     .values(status_reason=reason))
+    session.commit()
