@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,6 +91,29 @@ def test_preset_folder_is_a_real_hf_folder(cache_dir, preset, arch):
     mtime = (folder / "model.safetensors").stat().st_mtime_ns
     assert models.ensure_builtin_folder(f"builtin:{preset}", cache_dir) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_another_process_materialises_identical_weights(tmp_path):
+    """Ranks materialise presets on their own: the same seed must give the same bytes in any process."""
+    script = ("import sys; from worker import models; "
+              "print(models.ensure_builtin_folder('builtin:tiny-qwen2', sys.argv[1], seed=7))")
+    other = subprocess.run([sys.executable, "-c", script, str(tmp_path / "other")], capture_output=True, text=True,
+                           cwd=Path(__file__).parents[2], timeout=300, check=True)
+    theirs = Path(other.stdout.strip())
+    ours = models.ensure_builtin_folder("builtin:tiny-qwen2", tmp_path / "ours", seed=7)
+    assert theirs.name == ours.name
+    their_weights, our_weights = load_file(theirs / "model.safetensors"), load_file(ours / "model.safetensors")
+    assert their_weights.keys() == our_weights.keys()
+    for name, tensor in our_weights.items():
+        assert torch.equal(their_weights[name], tensor), name
+
+
+def test_concurrent_materialisation_ends_with_one_folder(tmp_path):
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        folders = list(pool.map(lambda _: models.ensure_builtin_folder("builtin:tiny-llama", tmp_path, seed=1), range(3)))
+    assert len(set(folders)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [folders[0].name]  # no staging folder left behind
+    assert (folders[0] / "model.safetensors").is_file() and (folders[0] / "tokenizer.json").is_file()
 
 
 def test_unknown_preset_lists_valid_ones(cache_dir):

@@ -301,3 +301,25 @@ def test_logprobs_and_entropy_from_logits_match_references():
 def test_entropy_of_uniform_and_peaked_logits():
     assert pm.entropy_from_logits(torch.zeros(7)).item() == pytest.approx(math.log(7))
     assert pm.entropy_from_logits(torch.tensor([0.0, -1e4, -1e4])).item() == pytest.approx(0.0, abs=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    groups=st.lists(st.integers(0, 3), min_size=2, max_size=12),
+    seed=st.integers(0, 2**16),
+)
+def test_grpo_advantages_are_standardised_within_each_group(groups, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, T = len(groups), 3
+    rewards = torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.float64)
+    adv, _ = pm.compute_grpo_outcome_advantage(rewards, mask, groups, epsilon=0.0)
+    scores = rewards.sum(-1)
+    for label in set(groups):
+        rows = [i for i, x in enumerate(groups) if x == label]
+        group_adv = adv[rows, 0]
+        if len(rows) == 1:
+            assert group_adv.item() == pytest.approx(scores[rows[0]].item())
+        else:
+            assert group_adv.mean().item() == pytest.approx(0.0, abs=1e-9)
+            assert group_adv.std().item() == pytest.approx(1.0, abs=1e-9)
