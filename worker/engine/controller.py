@@ -41,6 +41,18 @@ def controller_name(run_id: str) -> str:
     return f"attnboard-run-{run_id}"
 
 
+def rank_name(run_id: str, rank: int) -> str:
+    """Rank actors are named too, so the app (and a test) can list what a run holds."""
+    return f"{controller_name(run_id)}-rank{rank}"
+
+
+def run_actor_names(run_id: str) -> set[str]:
+    """The named actors of a run still alive in the attnboard namespace (controller and ranks)."""
+    prefix = controller_name(run_id)
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE and (a["name"] == prefix or a["name"].startswith(prefix + "-rank"))}
+
+
 class Cancelled(Exception):
     """The run was cancelled while a call was in flight."""
 
@@ -243,7 +255,8 @@ class Trainer:
     def _start_ranks(self, device: str, world: int, meshes: dict[str, Mesh]) -> None:
         resources = {"num_cpus": 1} if device == "cpu" else {"num_cpus": 1, "num_gpus": 1}
         remote = ray.remote(RankWorker)
-        handles = [remote.options(**resources, max_restarts=0).remote(r, world, self.log.run_id, device)
+        handles = [remote.options(**resources, max_restarts=0, name=rank_name(self.log.run_id, r),
+                                  namespace=NAMESPACE).remote(r, world, self.log.run_id, device)
                    for r in range(world)]
         with self._lock:
             self.group = WorkerGroup(handles, meshes, lambda: self.cancelled)

@@ -67,27 +67,45 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x.contiguous(), group=group)
-        return out
+        return _all_to_all(x, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        out = torch.empty_like(grad)
-        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
-        return out, None
+        return _all_to_all(grad, ctx.group), None
+
+
+def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    # Both buffers must be dense row-major: the collective reads and writes raw memory, and
+    # empty_like of a permuted gradient would keep its permuted strides.
+    x = x.contiguous()
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dist.all_to_all_single(out, x, group=group)
+    return out
 
 
 def seq_to_head(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """(B, n, T/sp, hd) sequence-sharded -> (B, n/sp, T, hd) head-sharded."""
+    return qkv_seq_to_head([x], group)[0]
+
+
+def qkv_seq_to_head(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> list[torch.Tensor]:
+    """Several (B, n_i, T/sp, hd) sequence-sharded tensors -> (B, n_i/sp, T, hd) each, in ONE all-to-all.
+
+    One collective for query, key and value keeps the backward's collectives in the same order on
+    every rank (separate exchanges of same-shaped key and value could pair up crosswise).
+    """
     sp = dist.get_world_size(group)
-    b, n, tl, hd = x.shape
-    assert n % sp == 0, f"cannot shard {n} heads across a sequence-parallel group of {sp}"
-    x = x.reshape(b, sp, n // sp, tl, hd)  # (B, sp, n/sp, T/sp, hd): head chunk j goes to rank j
-    x = x.permute(1, 0, 2, 3, 4).contiguous()  # (sp, B, n/sp, T/sp, hd)
-    x = _AllToAll.apply(x, group)  # (sp, B, n/sp, T/sp, hd): now chunk i holds sequence chunk i
-    x = x.permute(1, 2, 0, 3, 4)  # (B, n/sp, sp, T/sp, hd)
-    return x.reshape(b, n // sp, sp * tl, hd)  # (B, n/sp, T, hd)
+    b, _, tl, hd = tensors[0].shape
+    heads = [t.shape[1] for t in tensors]
+    for n in heads:
+        assert n % sp == 0, f"cannot shard {n} heads across a sequence-parallel group of {sp}"
+    # (B, sp, n_i/sp, T/sp, hd) each: head chunk j goes to rank j; joined on the per-rank head dim
+    x = torch.cat([t.reshape(b, sp, n // sp, tl, hd) for t, n in zip(tensors, heads)], dim=2)  # (B, sp, N/sp, T/sp, hd)
+    x = x.permute(1, 0, 2, 3, 4).contiguous()  # (sp, B, N/sp, T/sp, hd)
+    x = _AllToAll.apply(x, group)  # (sp, B, N/sp, T/sp, hd): now chunk i holds sequence chunk i
+    x = x.permute(1, 2, 0, 3, 4)  # (B, N/sp, sp, T/sp, hd)
+    x = x.reshape(b, sum(heads) // sp, sp * tl, hd)  # (B, N/sp, T, hd)
+    return list(torch.split(x, [n // sp for n in heads], dim=1))  # (B, n_i/sp, T, hd) each
 
 
 def head_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -182,9 +200,7 @@ def _make_ulysses(impl: str) -> Callable:
         if state is None:
             return base(module, query, key, value, attention_mask, **kwargs)
         group = state.group
-        q = seq_to_head(query, group)  # (B, nh/sp, T, hd)
-        k = seq_to_head(key, group)  # (B, nkv/sp, T, hd)
-        v = seq_to_head(value, group)  # (B, nkv/sp, T, hd)
+        q, k, v = qkv_seq_to_head([query, key, value], group)  # (B, nh/sp, T, hd), (B, nkv/sp, T, hd) x 2
         bias = global_attention_bias(state.attention_mask, q.dtype)  # (B, 1, T, T)
         kwargs.pop("is_causal", None)
         out, weights = base(module, q, k, v, bias, **kwargs)  # out: (B, T, nh/sp, hd)

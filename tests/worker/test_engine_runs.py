@@ -1,0 +1,209 @@
+"""End-to-end runs on CPU: 2 ranks, gloo, FSDP2, the built-in tiny Llama and the built-in count task.
+
+One Ray instance for the module. Each run is small (a few prompts, short responses); the two learning
+runs are the longest. Learning criterion: the mean score of the last 5 steps is at least twice the
+first 5 steps' (the untrained model scores ~0.06 on ``builtin:count``; see worker/rewards.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from worker.engine import launch_controller, run_spec
+from worker.engine.controller import get_controller, run_actor_names
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             namespace="attnboard-tests")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+def tiny_spec(*, algo: str = "grpo", actor_attn: str | None = "sdpa", critic_attn: str | None = "sdpa",
+              policy: str = "strict", steps: int = 1, lr: float = 3e-3, n: int = 4) -> dict:
+    def override(attn):
+        return {"attn_implementation": attn} if attn else {}
+
+    return {
+        "actor_rollout_ref": {
+            "model": {"path": "builtin:tiny-llama", "override_config": override(actor_attn)},
+            "actor": {"strategy": "fsdp2", "ppo_mini_batch_size": 8, "optim": {"lr": lr}},
+            "rollout": {"name": "hf", "n": n, "temperature": 1.0},
+        },
+        "critic": {"strategy": "fsdp2", "model": {"path": "builtin:tiny-llama", "override_config": override(critic_attn)},
+                   "optim": {"lr": lr}},
+        "algorithm": {"adv_estimator": algo},
+        "data": {"train_files": "builtin:count", "train_batch_size": 8, "max_prompt_length": 32,
+                 "max_response_length": 8},
+        "trainer": {"device": "cpu", "n_gpus_per_node": 2, "nnodes": 1, "total_training_steps": steps},
+        "attnboard": {"fallback_policy": policy},
+    }
+
+
+def run(spec: dict, run_id: str, cache_dir) -> tuple[str, list[dict]]:
+    events: list[dict] = []
+    state = run_spec(spec, run_id=run_id, on_event=events.append, cache_dir=cache_dir)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert run_actor_names(run_id) == set() or _eventually_gone(run_id)
+    return state, events
+
+
+def _eventually_gone(run_id: str, timeout: float = 10.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not run_actor_names(run_id):
+            return True
+        time.sleep(0.2)
+    raise AssertionError(f"actors left behind: {run_actor_names(run_id)}")
+
+
+def of(events: list[dict], kind: str) -> list[dict]:
+    return [e["payload"] for e in events if e["kind"] == kind]
+
+
+def states(events: list[dict]) -> list[str]:
+    return [p["state"] for p in of(events, "status")]
+
+
+def scores(events: list[dict]) -> list[float]:
+    return [p["values"]["critic/score/mean"] for p in of(events, "metric")]
+
+
+def assert_learns(events: list[dict]) -> None:
+    s = scores(events)
+    first, last = sum(s[:5]) / 5, sum(s[-5:]) / 5
+    assert last >= 2 * first, f"mean score first 5 steps {first:.3f}, last 5 {last:.3f}: {s}"
+
+
+def assert_observed(events: list[dict], expected: dict[str, str]) -> None:
+    attention = of(events, "attention")
+    seen = {(a["role"], a["rank"]) for a in attention}
+    assert seen == {(role, rank) for role in expected for rank in (0, 1)}
+    for a in attention:
+        assert a["effective"] == expected[a["role"]] and a["observed"] == expected[a["role"]], a
+        assert a["calls"][a["observed"]] > 0
+    assert of(events, "attention_mismatch") == []
+
+
+METRIC_KEYS = {"critic/rewards/mean", "critic/score/mean", "actor/kl", "actor/pg_loss", "actor/entropy",
+               "actor/pg_clipfrac", "response_length/mean", "perf/tokens_per_s", "perf/step_time_s",
+               "training/rollout_probs_diff_mean"}
+
+
+def test_gae_learns_with_sdpa_actor_and_eager_critic(local_ray, cache_dir):
+    state, events = run(tiny_spec(algo="gae", actor_attn="sdpa", critic_attn="eager", steps=20), "gae-learn", cache_dir)
+    assert state == "succeeded", of(events, "error")
+    assert states(events) == ["queued", "starting", "running", "succeeded"]
+    assert_observed(events, {"actor": "sdpa", "rollout": "sdpa", "reference": "sdpa", "critic": "eager"})
+    metrics = of(events, "metric")
+    assert [m["step"] for m in metrics] == list(range(1, 21)) and metrics[0]["total_steps"] == 20
+    assert METRIC_KEYS | {"critic/vf_loss"} <= metrics[-1]["values"].keys()
+    assert set(metrics[-1]["peak_memory_mb"]) == {"0", "1"}
+    # Same kernel for rollout and training: sampling and re-scoring agree (verl's bound is 0.005).
+    assert max(m["values"]["training/rollout_probs_diff_mean"] for m in metrics) < 0.005
+    assert_learns(events)
+
+
+def test_grpo_learns_on_sdpa_after_falling_back_from_flash_attention_2(local_ray, cache_dir):
+    spec = tiny_spec(algo="grpo", actor_attn="flash_attention_2", policy="fallback", steps=20)
+    state, events = run(spec, "grpo-learn", cache_dir)
+    assert state == "succeeded", of(events, "error")
+    assert_observed(events, {"actor": "sdpa", "rollout": "sdpa", "reference": "sdpa"})
+    fallbacks = of(events, "fallback")
+    assert {(f["role"], f["rank"]) for f in fallbacks} == {(r, k) for r in ("actor", "reference") for k in (0, 1)}
+    for f in fallbacks:
+        assert (f["from"], f["to"]) == ("flash_attention_2", "sdpa")
+        assert "FlashAttention2 has been toggled on" in f["error"]  # transformers' own words
+        assert f["diagnosis"]["category"] in ("flash_attn_not_installed", "not_on_cpu")
+    for a in of(events, "attention"):
+        assert a["requested"] == "flash_attention_2" and a["status"] == "fallback"
+    assert_learns(events)
+
+
+def test_eager_actor_and_sdpa_critic_run_what_they_asked_for(local_ray, cache_dir):
+    state, events = run(tiny_spec(algo="gae", actor_attn="eager", critic_attn="sdpa", n=2), "observe", cache_dir)
+    assert state == "succeeded", of(events, "error")
+    assert_observed(events, {"actor": "eager", "rollout": "eager", "reference": "eager", "critic": "sdpa"})
+    assert of(events, "env_probe")[0]["device"] == "cpu"
+
+
+def test_flash_attention_2_on_cpu_under_strict_fails_with_the_classified_error(local_ray, cache_dir):
+    state, events = run(tiny_spec(actor_attn="flash_attention_2", policy="strict"), "strict-fa2", cache_dir)
+    assert state == "failed"
+    assert states(events) == ["queued", "starting", "failed"]
+    error = of(events, "error")[0]
+    assert error["role"] == "actor" and "FlashAttention2 has been toggled on" in error["message"]
+    assert error["diagnosis"]["category"] in ("flash_attn_not_installed", "not_on_cpu")
+    assert error["attempts"][0]["implementation"] == "flash_attention_2" and len(error["attempts"]) == 1
+    assert of(events, "metric") == []
+
+
+def _wait_for(controller, predicate, timeout: float) -> list[dict]:
+    deadline = time.time() + timeout
+    events: list[dict] = []
+    while time.time() < deadline:
+        events.extend(ray.get(controller.events_since.remote(events[-1]["seq"] if events else 0)))
+        if predicate(events):
+            return events
+        time.sleep(0.2)
+    raise AssertionError(f"timed out; statuses so far: {states(events)}")
+
+
+def _finish(controller, run_id: str, events: list[dict]) -> None:
+    """Acknowledge every event: the controller stops its ranks and exits, leaving nothing behind."""
+    status = ray.get(controller.ack.remote(events[-1]["seq"]))
+    assert status["terminal"] and status.get("exiting")
+    _eventually_gone(run_id)
+
+
+def test_cancel_stops_every_rank_within_10_seconds(local_ray, cache_dir):
+    run_id = "cancel-me"
+    controller = launch_controller(tiny_spec(steps=500), run_id=run_id, cache_dir=str(cache_dir))
+    assert get_controller(run_id) is not None
+    events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" for e in ev), timeout=240)
+    assert len(run_actor_names(run_id)) == 3  # controller + 2 ranks
+    started = time.time()
+    ray.get(controller.cancel.remote("test cancel"), timeout=15)
+    events = _wait_for(controller, lambda ev: ev and ev[-1]["kind"] == "status" and ev[-1]["payload"]["state"] == "cancelled",
+                       timeout=10)
+    assert time.time() - started < 10
+    assert run_actor_names(run_id) == {f"attnboard-run-{run_id}"}  # only the controller, until acknowledged
+    events = [e for e in events]
+    assert states(events)[-1] == "cancelled" and events[-1]["payload"]["reason"] == "test cancel"
+    _finish(controller, run_id, events)
+
+
+def test_a_killed_rank_fails_the_run_naming_the_rank(local_ray, cache_dir):
+    run_id = "kill-rank"
+    controller = launch_controller(tiny_spec(steps=500), run_id=run_id, cache_dir=str(cache_dir))
+    events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" for e in ev), timeout=240)
+    pids = next(p["pids"] for p in of(events, "log") if "pids" in p)
+    os.kill(pids[1], signal.SIGKILL)
+    events = _wait_for(controller, lambda ev: ev and ev[-1]["kind"] == "status" and ev[-1]["payload"]["state"] == "failed",
+                       timeout=15)
+    error = of(events, "error")[-1]
+    assert error["rank"] == 1 and error["died"] and "rank 1 died" in error["message"]
+    assert events[-1]["payload"]["rank"] == 1
+    _eventually_gone_ranks(run_id)
+    _finish(controller, run_id, events)
+
+
+def _eventually_gone_ranks(run_id: str) -> None:
+    deadline = time.time() + 10
+    while run_actor_names(run_id) != {f"attnboard-run-{run_id}"} and time.time() < deadline:
+        time.sleep(0.2)
+    assert run_actor_names(run_id) == {f"attnboard-run-{run_id}"}
