@@ -114,12 +114,12 @@ def is_builtin(path: str) -> bool:
     return path.startswith(BUILTIN_PREFIX)
 
 
-def preset_name(path: str) -> str:
+def preset_name(path: str, *, field: str = "model path") -> str:
     """``builtin:tiny-llama`` -> ``tiny-llama``; an unknown preset lists the valid ones."""
     name = path[len(BUILTIN_PREFIX):] if is_builtin(path) else path
     if name not in PRESETS:
-        raise ModelPathError(f"model path {path!r}: unknown built-in preset; valid: "
-                             f"{', '.join(BUILTIN_PREFIX + n for n in PRESETS)}")
+        raise ModelPathError(f"{field} {path!r}: unknown built-in preset; valid: "
+                             f"{', '.join(BUILTIN_PREFIX + n for n in PRESETS)}", field=field, value=path)
     return name
 
 
@@ -188,7 +188,13 @@ def default_cache_dir() -> Path:
 
 
 class ModelPathError(ValueError):
-    """A model path that cannot be used: outside the allowed roots, missing, or not a model folder."""
+    """A model path that cannot be used: outside the allowed roots, missing, or not a model folder.
+    ``field`` and ``value`` say which spec key and which path (for an API error)."""
+
+    def __init__(self, message: str, *, field: str = "model path", value: str | None = None):
+        super().__init__(message)
+        self.field = field
+        self.value = value
 
 
 def model_roots_from_env(value: str | None) -> list[Path]:
@@ -199,7 +205,7 @@ def model_roots_from_env(value: str | None) -> list[Path]:
 
 
 def resolve_model_path(path: str, roots: list[Path], *, cache_dir: Path | str | None = None,
-                       seed: int = DEFAULT_SEED) -> Path:
+                       seed: int = DEFAULT_SEED, field: str = "model path") -> Path:
     """The real folder of a model, refused unless it lies inside one of ``roots``.
 
     - ``builtin:<preset>`` is always allowed and is materialised under ``cache_dir``.
@@ -207,15 +213,19 @@ def resolve_model_path(path: str, roots: list[Path], *, cache_dir: Path | str | 
     - ``..`` components are refused outright; symbolic links are resolved first, so a link inside a
       root that points outside is refused.
     - The folder must exist, be a folder, and hold config.json.
+
+    Errors start with ``field`` (e.g. ``critic.model.path``) and the path, and name the allowed roots.
     """
     if is_builtin(path):
+        preset_name(path, field=field)
         return ensure_builtin_folder(path, cache_dir if cache_dir is not None else default_cache_dir(), seed=seed)
+    named = f"{field} {path!r}"
     allowed = ", ".join(str(r) for r in roots) or "(none: set ATTNBOARD_MODEL_ROOTS)"
     presets = ", ".join(BUILTIN_PREFIX + n for n in PRESETS)
     where = f"allowed roots: {allowed}; or a built-in preset: {presets}"
     raw = Path(path).expanduser()
     if ".." in raw.parts:
-        raise ModelPathError(f"model path {path!r} contains '..'; give a path inside the {where}")
+        raise ModelPathError(f"{named} contains '..'; give a path inside the {where}", field=field, value=path)
     real_roots = [Path(r).expanduser().resolve() for r in roots]
     if raw.is_absolute():
         candidate = raw
@@ -223,17 +233,20 @@ def resolve_model_path(path: str, roots: list[Path], *, cache_dir: Path | str | 
         existing = [root / raw for root in real_roots if (root / raw).exists()]
         candidate = existing[0] if existing else real_roots[0] / raw
     else:
-        raise ModelPathError(f"model path {path!r} is not inside the {where}")
+        raise ModelPathError(f"{named} is not inside the {where}", field=field, value=path)
     real = candidate.resolve()
     if not any(real.is_relative_to(root) for root in real_roots):
-        via_link = " (through a symbolic link)" if real != Path(os.path.abspath(candidate)) else ""
-        raise ModelPathError(f"model path {path!r} resolves to {str(real)!r}{via_link}, outside the {where}")
+        via_link = " (through a symbolic link)" if any(p.is_symlink() for p in (candidate, *candidate.parents)) else ""
+        raise ModelPathError(f"{named} resolves to {str(real)!r}{via_link}, outside the {where}",
+                             field=field, value=path)
     if not real.exists():
-        raise ModelPathError(f"model path {path!r} does not exist ({where})")
+        raise ModelPathError(f"{named} does not exist ({where})", field=field, value=path)
     if not real.is_dir():
-        raise ModelPathError(f"model path {path!r} is not a folder; a Hugging Face model folder holds config.json")
+        raise ModelPathError(f"{named} is not a folder; a Hugging Face model folder holds config.json",
+                             field=field, value=path)
     if not (real / "config.json").is_file():
-        raise ModelPathError(f"model path {path!r} has no config.json; it is not a Hugging Face model folder")
+        raise ModelPathError(f"{named} has no config.json; it is not a Hugging Face model folder",
+                             field=field, value=path)
     return real
 
 

@@ -266,8 +266,13 @@ def test_resolve_model_path_confinement(roots, path, expected):
 
 
 def test_no_roots_refuses_every_folder_but_presets_are_always_allowed(roots, cache_dir):
-    with pytest.raises(models.ModelPathError, match=r"\(none: set ATTNBOARD_MODEL_ROOTS\)"):
-        models.resolve_model_path(str(roots["root"] / "good"), [])
+    good = str(roots["root"] / "good")
+    with pytest.raises(models.ModelPathError, match=r"\(none: set ATTNBOARD_MODEL_ROOTS\)") as info:
+        models.resolve_model_path(good, [], field="critic.model.path")
+    assert str(info.value).startswith(f"critic.model.path {good!r} resolves to")
+    assert (info.value.field, info.value.value) == ("critic.model.path", good)
+    with pytest.raises(models.ModelPathError, match="^actor_rollout_ref.model.path 'builtin:gpt5': unknown built-in"):
+        models.resolve_model_path("builtin:gpt5", [], cache_dir=cache_dir, field="actor_rollout_ref.model.path")
     folder = models.resolve_model_path("builtin:tiny-llama", [], cache_dir=cache_dir)
     assert (folder / "config.json").is_file()
 
