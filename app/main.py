@@ -22,7 +22,7 @@ from app.core.config import Settings, get_settings
 from app.db import make_engine, run_migrations
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit
-from app.routes import health, pages, runs, specs, tokens, tools
+from app.routes import health, pages, runs, specs, tokens, tools, troubleshooting, trials
 from app.services.auth import bearer_authenticator
 from app.models import Run
 from app.services.launcher import Launcher
@@ -74,6 +74,9 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     # ---- dashboard (owned by the dashboard engineer): add the pages router below this line.
     pages.install(app)
     # ---- end dashboard
+    for module in (troubleshooting, trials):  # the troubleshooting log and the attention trials (issue 6)
+        app.include_router(module.router)
+        app.include_router(module.pages)
 
     return app
 

@@ -8,7 +8,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
-from app import models  # noqa: F401  (registers the tables on the metadata)
+from app import models, models_troubleshooting  # noqa: F401  (registers the tables on the metadata)
 from app.db import make_engine
 from app.models import metadata
 

@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import AppError, not_found
 from app.models import INT32_MAX, AppendResult, Event, EventCreate, EventKind, Run, utcnow
+from app.services import troubleshooting
 from app.services.runs import set_status
 from app.services.states import parse_status
 
@@ -52,6 +53,7 @@ def append_events(session: Session, *, run_id: int, events: Sequence[EventCreate
             session.add(Event(run_id=run_id, seq=ev.seq, kind=ev.kind.value, payload=ev.payload, ts=ev.ts or utcnow()))
         if fresh:
             run.last_seq = fresh[-1].seq
+        troubleshooting.record_events(session, run=run, events=fresh)
         session.add(run)
         session.commit()
     except BaseException:
