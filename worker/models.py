@@ -269,8 +269,10 @@ def build_config(folder: Path | str, override_config: dict[str, Any], attn_imple
 
 
 def update_model_config(config: Any, overrides: dict[str, Any]) -> None:
-    """verl's ``update_model_config``: setattr per key; a dict value into an existing dict or config
-    attribute is merged key by key, recursively."""
+    """verl's ``update_model_config``: setattr per key, recursing into dicts. A dict value for a
+    sub-config (``text_config``) updates it in place, as verl does; for an attribute that is a plain
+    dict (``rope_parameters``) it is merged into a copy key by key (verl would fail on a dict there);
+    otherwise it is set whole."""
     for key, value in overrides.items():
         current = getattr(config, key, None)
         if isinstance(value, dict) and isinstance(current, dict):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PretrainedConfig
 
 from worker import models
 from worker.spec import ModelInfo
@@ -163,9 +163,14 @@ def test_update_model_config_recurses_into_nested_dicts():
         rope_scaling = {"type": "dynamic", "factor": 1.0, "extra": {"x": 1, "y": 2}}
 
     cfg = Plain()
-    models.update_model_config(cfg, {"rope_scaling": {"type": "linear", "extra": {"y": 3}}, "hidden_size": 8})
+    cfg.text_config = PretrainedConfig(hidden_size=16, vocab_size=10)
+    models.update_model_config(cfg, {"rope_scaling": {"type": "linear", "extra": {"y": 3}}, "hidden_size": 8,
+                                     "text_config": {"hidden_size": 32}, "new_dict": {"k": 1}})
     assert cfg.rope_scaling == {"type": "linear", "factor": 1.0, "extra": {"x": 1, "y": 3}}
     assert cfg.hidden_size == 8
+    assert (cfg.text_config.hidden_size, cfg.text_config.vocab_size) == (32, 10)  # a sub-config, updated in place
+    assert cfg.new_dict == {"k": 1}
+    assert Plain.rope_scaling == {"type": "dynamic", "factor": 1.0, "extra": {"x": 1, "y": 2}}  # not mutated
 
 
 def test_build_config_is_fresh_every_call(llama_folder):
