@@ -891,12 +891,10 @@ def _yaml_overrides(node: yaml.Node, loader: _BoundedLoader, text: str, prefix: 
         if isinstance(value_node, yaml.MappingNode) and value_node.value:
             out.extend(_yaml_overrides(value_node, loader, text, key + "."))
             continue
-        value = loader.construct_object(value_node, deep=True)
-        if isinstance(value, str):
-            try:
-                value = decode_omegaconf(value)
-            except ValueError as exc:
-                raise VerlImportError(f"{key}: {exc}", word_text, start) from None
+        try:
+            value = _decode_tree(loader.construct_object(value_node, deep=True))
+        except ValueError as exc:
+            raise VerlImportError(f"{key}: {exc}", word_text, start) from None
         raw = value_node.value if isinstance(value_node, yaml.ScalarNode) else None
         out.append(Override("set", key, value, raw, word))
     return out
@@ -908,6 +906,17 @@ _VERL_SEARCHPATH = {"searchpath": ["pkg://verl.trainer.config"]}
 def _is_verl_searchpath(value: Any) -> bool:
     """The ``hydra:`` block ``export_yaml`` writes so that ``defaults: [ppo_trainer]`` is found."""
     return value == _VERL_SEARCHPATH
+
+
+def _decode_tree(value: Any) -> Any:
+    """``decode_omegaconf`` on every string of a YAML value, at any depth."""
+    if isinstance(value, str):
+        return decode_omegaconf(value)
+    if isinstance(value, list):
+        return [_decode_tree(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _decode_tree(v) for k, v in value.items()}
+    return value
 
 
 def import_yaml(text: str) -> ImportResult:
@@ -1071,4 +1080,7 @@ def export_yaml(spec: RunSpec, *, full: bool = True) -> ExportResult:
         **_tree_for_yaml(tree),
     }
     text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    if yaml.safe_load(text) != document:
+        # PyYAML writes some characters (NEL, LS, PS) raw that read back as line breaks: escape them all.
+        text = yaml.safe_dump(document, sort_keys=False, allow_unicode=False, default_flow_style=False, width=100)
     return ExportResult(text=text, warnings=_export_warnings(spec, keys))

@@ -608,7 +608,7 @@ def test_full_command_round_trip(spec: RunSpec) -> None:
     assert import_command(export_command(spec, full=True).text).spec == spec
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SPECS, st.booleans())
 def test_yaml_round_trip(spec: RunSpec, full: bool) -> None:
     assert import_yaml(export_yaml(spec, full=full).text).spec == spec
