@@ -202,6 +202,7 @@ def ray_local():
         ray.shutdown()
 
 
+@pytest.mark.ray
 def test_cpu_trial_eager_vs_sdpa_on_the_tiny_model(ray_local, tmp_path):
     seen: list[str] = []
     result = run_trial(TINY, ["sdpa", "eager", "flash_attention_2"], steps=2, env=PROFILES["cpu"], cache_dir=tmp_path,
