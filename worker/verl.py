@@ -116,16 +116,18 @@ class Word:
     position: int
 
 
-_SHELL_OPERATORS = "|&;<>()`"
+_SHELL_OPERATORS = "|&<>()`"
+SEPARATOR = "\n"
+"""The word ``shell_words`` emits where a command ends (an unescaped newline or ``;``)."""
 _SHELL_VAR = re.compile(r"\$(\{[^}]*\}?|[A-Za-z_][A-Za-z0-9_]*|\(|[0-9@*#?$!-])")
 
 
 def shell_words(text: str) -> list[Word]:
     """Split a shell command line the way bash would, without expanding anything.
 
-    Backslash-newline joins lines; unescaped newlines count as spaces (a pasted command whose
-    continuations were lost still reads as one command). ``# comments`` are dropped. Shell variables,
-    command substitution and operators are refused: their values are not known here.
+    Backslash-newline joins lines; an unescaped newline or ``;`` ends a command and comes out as the
+    word ``SEPARATOR``. ``# comments`` are dropped. Shell variables, command substitution and other
+    operators are refused: their values are not known here (``$@`` and ``$*`` are kept as words).
     """
     words: list[Word] = []
     buf: list[str] = []
@@ -138,7 +140,7 @@ def shell_words(text: str) -> list[Word]:
 
     def check_variable(at: int) -> None:
         match = _SHELL_VAR.match(text, at)
-        if match:
+        if match and match.group(1) not in ("@", "*"):
             raise fail(f"shell expansion {match.group(0)} is not expanded by the import: replace it with its value",
                        at, match.end())
 
@@ -150,10 +152,12 @@ def shell_words(text: str) -> list[Word]:
         if ch == "\\" and text.startswith("\r\n", i + 1):
             i += 3
             continue
-        if ch in " \t\r\n":
+        if ch in " \t\r\n;":
             if start is not None:
                 words.append(Word("".join(buf), text[start:i], start))
                 buf, start = [], None
+            if ch in "\n;":
+                words.append(Word(SEPARATOR, ch, i))
             i += 1
             continue
         if ch == "#" and start is None:
@@ -215,11 +219,36 @@ _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _INTERPRETER = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 
 
-def _split_command(words: list[Word], warnings: list[str]) -> list[Word]:
-    """Drop environment assignments and the interpreter and entry point; return the override words."""
-    interpreter = next((k for k, w in enumerate(words) if _INTERPRETER.match(w.text)), None)
-    if interpreter is None:
-        return words  # a bare list of overrides
+def _looks_like_overrides(command: list[Word]) -> bool:
+    return all("=" in w.text or w.text.startswith(("~", "[", "$")) or w.text.endswith("]") or w.text == "..."
+               for w in command)
+
+
+def _split_command(all_words: list[Word], warnings: list[str]) -> list[Word]:
+    """Pick the python command out of a pasted script and drop its environment assignments,
+    interpreter and entry point; return the override words.
+
+    Other commands before it (``set -x``, ``export ...``) are ignored with a warning; lines after it
+    that hold only overrides are read as its continuation (a lost trailing backslash); without a
+    python command every line is read as overrides.
+    """
+    commands: list[list[Word]] = [[]]
+    for word in all_words:
+        if word.text == SEPARATOR and word.raw in ("\n", ";"):
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    commands = [c for c in commands if c]
+    main = next((k for k, c in enumerate(commands) if any(_INTERPRETER.match(w.text) for w in c)), None)
+    if main is None:
+        return [w for c in commands for w in c]  # a bare list of overrides
+    words = list(commands[main])
+    for k, command in enumerate(commands):
+        if k < main or (k > main and not _looks_like_overrides(command)):
+            warnings.append(f"ignored: shell command {' '.join(w.raw for w in command)[:80]}")
+        elif k > main:
+            words.extend(command)
+    interpreter = next(k for k, w in enumerate(words) if _INTERPRETER.match(w.text))
     for word in words[:interpreter]:
         if word.text == "env":
             continue
@@ -350,7 +379,7 @@ _UNQUOTED_ESCAPES = "\\()[]{}:=, \t"
 _PLACEHOLDER_WORDS = ("...", "\u2026")
 
 
-class _ValueError(Exception):
+class _HydraSyntaxError(Exception):
     pass
 
 
@@ -368,8 +397,8 @@ class _HydraValue:
         self.skip_ws()
         if self.i < len(self.s):
             if self.s[self.i] == ",":
-                raise _ValueError("a comma outside brackets makes a Hydra sweep; quote the value or write a list [a,b]")
-            raise _ValueError(f"unexpected {self.s[self.i]!r} after the value")
+                raise _HydraSyntaxError("a comma outside brackets makes a Hydra sweep; quote the value or write a list [a,b]")
+            raise _HydraSyntaxError(f"unexpected {self.s[self.i]!r} after the value")
         return value
 
     def skip_ws(self) -> None:
@@ -379,7 +408,7 @@ class _HydraValue:
     def element(self, top: bool = False, stop: str = ",]}") -> Any:
         self.skip_ws()
         if self.i >= len(self.s):
-            raise _ValueError("a value is missing")
+            raise _HydraSyntaxError("a value is missing")
         ch = self.s[self.i]
         if ch == "[":
             return self.sequence()
@@ -389,7 +418,7 @@ class _HydraValue:
             value = self.quoted(ch)
             self.skip_ws()
             if self.i < len(self.s) and self.s[self.i] not in ("," if top else stop):
-                raise _ValueError("a quoted string must be the whole value")
+                raise _HydraSyntaxError("a quoted string must be the whole value")
             return value
         return self.primitive("" if top else stop)
 
@@ -409,7 +438,7 @@ class _HydraValue:
                 self.i += 1
                 return items
             else:
-                raise _ValueError("unbalanced [: expected , or ]")
+                raise _HydraSyntaxError("unbalanced [: expected , or ]")
 
     def mapping(self) -> dict[str, Any]:
         self.i += 1
@@ -423,7 +452,7 @@ class _HydraValue:
             key = self.quoted(self.s[self.i]) if self.s[self.i : self.i + 1] in ("'", '"') else self.primitive(":,]}")
             self.skip_ws()
             if not self.s.startswith(":", self.i):
-                raise _ValueError("a {dict} entry needs key:value")
+                raise _HydraSyntaxError("a {dict} entry needs key:value")
             self.i += 1
             items[str(key)] = self.element()
             self.skip_ws()
@@ -433,7 +462,7 @@ class _HydraValue:
                 self.i += 1
                 return items
             else:
-                raise _ValueError("unbalanced {: expected , or }")
+                raise _HydraSyntaxError("unbalanced {: expected , or }")
 
     def quoted(self, quote: str) -> str | Interpolation:
         """Hydra's quoted strings: a run of backslashes before a quote is halved (odd: the quote is
@@ -442,7 +471,7 @@ class _HydraValue:
         out: list[str] = []
         while True:
             if self.i >= len(self.s):
-                raise _ValueError(f"unbalanced quote: no closing {quote}")
+                raise _HydraSyntaxError(f"unbalanced quote: no closing {quote}")
             ch = self.s[self.i]
             if ch == "\\":
                 j = self.i
@@ -464,7 +493,7 @@ class _HydraValue:
                 try:
                     return decode_omegaconf("".join(out))
                 except ValueError as exc:
-                    raise _ValueError(str(exc)) from None
+                    raise _HydraSyntaxError(str(exc)) from None
             else:
                 out.append(ch)
                 self.i += 1
@@ -480,18 +509,18 @@ class _HydraValue:
             if ch in stop or (ch == "," and not stop):
                 break
             if ch in "[{":
-                raise _ValueError(f"unexpected {ch!r} inside an unquoted value; quote the value")
+                raise _HydraSyntaxError(f"unexpected {ch!r} inside an unquoted value; quote the value")
             if ch == "$" and self.s.startswith("${", self.i):
                 close = self.s.find("}", self.i)
                 if close < 0:
-                    raise _ValueError("unclosed interpolation ${")
+                    raise _HydraSyntaxError("unclosed interpolation ${")
                 out.append(self.s[self.i : close + 1])
                 self.i = close + 1
                 continue
             if ch in "()":
-                raise _ValueError("Hydra functions such as choice(...) or range(...) are not supported")
+                raise _HydraSyntaxError("Hydra functions such as choice(...) or range(...) are not supported")
             if ch in "'\"":
-                raise _ValueError("a quote inside an unquoted value; quote the whole value")
+                raise _HydraSyntaxError("a quote inside an unquoted value; quote the whole value")
             out.append(ch)
             self.i += 1
         text = "".join(out).strip(" \t")
@@ -511,14 +540,14 @@ def _typed_primitive(text: str) -> Any:
     try:
         return decode_omegaconf(text)
     except ValueError as exc:
-        raise _ValueError(str(exc)) from None
+        raise _HydraSyntaxError(str(exc)) from None
 
 
 def parse_hydra_value(text: str) -> Any:
     """A Hydra override value as Hydra types it. Raises ValueError with a sentence on bad syntax."""
     try:
         return _HydraValue(text).parse()
-    except _ValueError as exc:
+    except _HydraSyntaxError as exc:
         raise ValueError(str(exc)) from None
 
 
@@ -536,6 +565,9 @@ def _parse_override_words(words: list[Word], warnings: list[str]) -> list[Overri
                 parts.append(words[k].raw)
                 k += 1
             warnings.append(f"skipped placeholder {' '.join(parts)}")
+            continue
+        if text in ("$@", "$*"):
+            warnings.append(f"ignored: {text} (the arguments of the script it came from)")
             continue
         if text.startswith("-"):
             name = text.split("=", 1)[0]

@@ -216,6 +216,46 @@ def test_import_warnings(text: str, warnings: list[str]) -> None:
     assert import_command(text).warnings == warnings
 
 
+VERL_EXAMPLE_SCRIPT = """set -x
+export VLLM_ATTENTION_BACKEND=XFORMERS
+
+PYTHONUNBUFFERED=1 python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    actor_rollout_ref.rollout.n=5 \\
+    trainer.logger='["console","wandb"]' \\
+    trainer.total_epochs=15 "$@"
+    trainer.nnodes=2
+echo done
+"""
+
+
+def test_pasted_script() -> None:
+    """verl's example scripts: other commands are ignored, a line that lost its backslash still counts."""
+    result = import_command(VERL_EXAMPLE_SCRIPT)
+    assert result.overrides == {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 5,
+                                "trainer.total_epochs": 15, "trainer.nnodes": 2}
+    assert result.warnings == [
+        "ignored: shell command set -x",
+        "ignored: shell command export VLLM_ATTENTION_BACKEND=XFORMERS",
+        "ignored: shell command echo done",
+        "ignored: environment variable PYTHONUNBUFFERED",
+        "ignored: $@ (the arguments of the script it came from)",
+        "ignored: attnboard does not model trainer.logger",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("trainer.nnodes=2\ntrainer.n_gpus_per_node=4", {"trainer.nnodes": 2, "trainer.n_gpus_per_node": 4}),
+        ("cd /work; python3 -m verl.trainer.main_ppo trainer.nnodes=2", {"trainer.nnodes": 2}),
+        ("python3 -m verl.trainer.main_ppo 'trainer.experiment_name=a;b'", {"trainer.experiment_name": "a;b"}),
+    ],
+)
+def test_command_separators(text: str, expected: dict[str, Any]) -> None:
+    assert import_command(text).overrides == expected
+
+
 def test_engine_rollout_warning_text() -> None:
     assert engine_rollout_warning("sglang") == (
         "verl's sglang rollout engine picks its own attention kernel; attnboard generates with the "
