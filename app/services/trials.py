@@ -82,8 +82,8 @@ def list_trials(session: Session, *, ids: Sequence[int] | None = None, limit: in
 def _default_connect() -> None:
     import ray
 
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+    if not ray.is_initialized():  # no Ray launcher: a Ray of our own, never someone else's local cluster
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
 
 
 def execute_trial(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] = (),

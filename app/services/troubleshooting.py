@@ -40,6 +40,8 @@ from worker.classify import ROLE_SECTIONS, Diagnosis, EnvFacts, ErrorInfo, class
 from worker.environment import Environment, UnknownProfileError, environment_from
 
 ERROR_TEXT_MAX = 8000
+PROBE_EXTRAS = frozenset({"rank", "hostname", "python_version", "model_folder", "implementations"})
+"""Keys ``worker.probe.probe_environment`` (and the engine's env_probe event) add to the environment's fields."""
 RETRY_USES = ("remedy", "fast_path")
 
 # --------------------------------------------------------------------------------------------
@@ -308,14 +310,12 @@ def retry_entry(session: Session, *, entry_id: int, use: str = "remedy", name: s
 
 
 def parse_environment(value: str | Mapping[str, Any], *, field: str = "environment") -> Environment:
-    """A profile name or a probe dict (extra probe keys such as ``hostname`` are ignored)."""
-    from worker.probe import ENVIRONMENT_KEYS
-
+    """A profile name or a probe dict; the keys a probe adds beyond the environment's (``PROBE_EXTRAS``) are
+    ignored, any other unknown key is an error naming it."""
     try:
         if isinstance(value, str):
             return environment_from(value)
-        known = {k: value[k] for k in ("name", "description", *ENVIRONMENT_KEYS) if k in value}
-        return environment_from(known)
+        return environment_from({k: v for k, v in value.items() if k not in PROBE_EXTRAS})
     except UnknownProfileError as exc:
         from worker.environment import PROFILES
 
