@@ -24,7 +24,6 @@ from sqlmodel import Session
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-TABLES = ("event", "run", "spec", "apitoken")
 
 
 def _pg_create(prefix: str) -> str:
@@ -75,11 +74,16 @@ def _session_engine(_migrated_url: str) -> Iterator[Engine]:
 
 
 def _wipe(engine: Engine) -> None:
+    """Empty every table the models define (children first), so the next test starts clean."""
+    import app.main  # noqa: F401  (every model module the app uses)
+    from app.models import metadata
+
+    tables = [t.name for t in reversed(metadata.sorted_tables)]
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
-            conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
         else:
-            for table in TABLES:
+            for table in tables:
                 conn.execute(text(f"DELETE FROM {table}"))
 
 

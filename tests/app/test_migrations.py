@@ -9,10 +9,11 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
+import app.main  # noqa: F401  (imports every model module the app uses, so the metadata is complete)
 from app.db import alembic_config, make_engine, run_migrations
 from app.models import metadata
 
-TABLES = {"spec", "run", "event", "apitoken"}
+TABLES = set(metadata.tables)
 
 
 def _diff(url: str) -> list:
