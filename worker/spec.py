@@ -143,6 +143,12 @@ class OptimSection(_Section):
     weight_decay: float = Field(0.01, ge=0)
 
 
+class CriticOptimSection(OptimSection):
+    """The critic's optimiser: verl's critic lr default is 1e-5, also when only other optim keys are given."""
+
+    lr: float = Field(1e-5, gt=0, le=1.0)
+
+
 class FsdpConfig(_Section):
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -188,7 +194,7 @@ class ActorRolloutRef(_Section):
 class CriticSection(_Section):
     strategy: Strategy = Strategy.fsdp
     model: ModelSection = Field(default_factory=ModelSection)
-    optim: OptimSection = Field(default_factory=lambda: OptimSection(lr=1e-5))
+    optim: CriticOptimSection = Field(default_factory=CriticOptimSection)
     ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0, le=1_000_000)
     cliprange_value: float = Field(0.5, gt=0, le=100)
     grad_clip: float = Field(1.0, gt=0)

@@ -210,8 +210,11 @@ def shell_words(text: str) -> list[Word]:
     return words
 
 
+_NON_SPACE = re.compile(r"\S*")
+
+
 def _word_end(text: str, at: int) -> int:
-    match = re.compile(r"[^\s]*").match(text, at)
+    match = _NON_SPACE.match(text, at)
     return match.end() if match else at + 1
 
 

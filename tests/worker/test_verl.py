@@ -584,6 +584,13 @@ def test_runspec_defaults_are_verls() -> None:
     assert differing == {"actor_rollout_ref.rollout.name": ("vllm", MANDATORY)}
 
 
+@pytest.mark.parametrize("key", [k for k in SPEC_KEYS if k not in OPEN_DICT_FIELDS])
+def test_one_key_at_its_default_changes_nothing(key: str) -> None:
+    """Giving one key of a section must not reset its siblings to another default (critic.optim.lr)."""
+    value = spec_to_flat(RunSpec())[key]
+    assert import_command(f"{VERL_NAMES.get(key, key)}={hydra_value(value)}").spec == RunSpec()
+
+
 # --------------------------------------------------------------------------------------------
 # Round trips (hypothesis)
 
