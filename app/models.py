@@ -48,13 +48,20 @@ INT32_MAX = 2**31 - 1
 """Ids, seqs and steps are 32-bit integers in both databases; bigger values are refused up front."""
 
 
+MAX_BODY_DEPTH = 32
+"""Deepest nesting a request body may have; a spec needs about 6 levels."""
+
+
 def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
-    """The first value the databases cannot store faithfully, as (field, value, why), or None:
-    NaN/Infinity (JSON has no such numbers; PostgreSQL refuses them) and NUL characters (PostgreSQL
-    text cannot hold them)."""
-    stack: list[tuple[str, Any]] = [(path, value)]
+    """The first value the app cannot take faithfully, as (field, value, why), or None: nesting deeper
+    than MAX_BODY_DEPTH (which would exhaust recursion further on), NaN/Infinity (JSON has no such
+    numbers; PostgreSQL refuses them) and NUL characters (PostgreSQL text cannot hold them).
+    Iterative, so a hostile body cannot exhaust the stack here."""
+    stack: list[tuple[str, Any, int]] = [(path, value, 0)]
     while stack:
-        where, item = stack.pop()
+        where, item, depth = stack.pop()
+        if depth > MAX_BODY_DEPTH:
+            return where or "(body)", "...", f"nested more than {MAX_BODY_DEPTH} levels deep"
         if isinstance(item, float) and not math.isfinite(item):
             return where or "(body)", str(item), "NaN and Infinity are not numbers JSON can store"
         if isinstance(item, str) and "\x00" in item:
@@ -63,9 +70,9 @@ def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
             for key, child in item.items():
                 if isinstance(key, str) and "\x00" in key:
                     return f"{where}.{key!r}".lstrip("."), key.replace("\x00", "\\0"), "keys must not contain NUL characters"
-                stack.append((f"{where}.{key}".lstrip("."), child))
+                stack.append((f"{where}.{key}".lstrip("."), child, depth + 1))
         elif isinstance(item, (list, tuple)):
-            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
+            stack.extend((f"{where}[{i}]", child, depth + 1) for i, child in enumerate(item))
     return None
 
 
