@@ -16,6 +16,8 @@ import ray
 
 from worker.engine import launch_controller, run_spec
 from worker.engine.controller import get_controller, run_actor_names
+from worker.presets import tiny_cpu_spec
+from worker.spec import RunSpec, spec_to_tree
 
 pytestmark = pytest.mark.ray
 
@@ -33,28 +35,25 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
 
 
-def tiny_spec(*, algo: str = "grpo", actor_attn: str | None = "sdpa", critic_attn: str | None = "sdpa",
-              policy: str = "strict", steps: int = 1, lr: float = 3e-3, n: int = 4) -> dict:
-    def override(attn):
-        return {"attn_implementation": attn} if attn else {}
-
-    return {
-        "actor_rollout_ref": {
-            "model": {"path": "builtin:tiny-llama", "override_config": override(actor_attn)},
-            "actor": {"strategy": "fsdp2", "ppo_mini_batch_size": 8, "optim": {"lr": lr}},
-            "rollout": {"name": "hf", "n": n, "temperature": 1.0},
-        },
-        "critic": {"strategy": "fsdp2", "model": {"path": "builtin:tiny-llama", "override_config": override(critic_attn)},
-                   "optim": {"lr": lr}},
-        "algorithm": {"adv_estimator": algo},
-        "data": {"train_files": "builtin:count", "train_batch_size": 8, "max_prompt_length": 32,
-                 "max_response_length": 8},
-        "trainer": {"device": "cpu", "n_gpus_per_node": 2, "nnodes": 1, "total_training_steps": steps},
-        "attnboard": {"fallback_policy": policy},
+def tiny_spec(*, algo: str = "grpo", actor_attn: str = "sdpa", critic_attn: str = "sdpa", policy: str = "strict",
+              steps: int = 1) -> RunSpec:
+    """The project's tiny CPU preset, with one optimizer step per PPO step (8 prompts x 4 samples over 2
+    ranks: a mini batch of 16 sequences per rank, in one micro batch) to keep each step short."""
+    overrides = {
+        "algorithm.adv_estimator": algo,
+        "actor_rollout_ref.model.override_config": {"attn_implementation": actor_attn},
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
+        "critic.ppo_micro_batch_size_per_gpu": 16,
+        "trainer.total_training_steps": steps,
+        "attnboard.fallback_policy": policy,
     }
+    if algo == "gae":
+        overrides["critic.model.override_config"] = {"attn_implementation": critic_attn}
+    return tiny_cpu_spec(**overrides)
 
 
-def run(spec: dict, run_id: str, cache_dir) -> tuple[str, list[dict]]:
+def run(spec: RunSpec, run_id: str, cache_dir) -> tuple[str, list[dict]]:
     events: list[dict] = []
     state = run_spec(spec, run_id=run_id, on_event=events.append, cache_dir=cache_dir)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
@@ -134,13 +133,6 @@ def test_grpo_learns_on_sdpa_after_falling_back_from_flash_attention_2(local_ray
     assert_learns(events)
 
 
-def test_eager_actor_and_sdpa_critic_run_what_they_asked_for(local_ray, cache_dir):
-    state, events = run(tiny_spec(algo="gae", actor_attn="eager", critic_attn="sdpa", n=2), "observe", cache_dir)
-    assert state == "succeeded", of(events, "error")
-    assert_observed(events, {"actor": "eager", "rollout": "eager", "reference": "eager", "critic": "sdpa"})
-    assert of(events, "env_probe")[0]["device"] == "cpu"
-
-
 def test_flash_attention_2_on_cpu_under_strict_fails_with_the_classified_error(local_ray, cache_dir):
     state, events = run(tiny_spec(actor_attn="flash_attention_2", policy="strict"), "strict-fa2", cache_dir)
     assert state == "failed"
@@ -170,11 +162,15 @@ def _finish(controller, run_id: str, events: list[dict]) -> None:
     _eventually_gone(run_id)
 
 
-def test_cancel_stops_every_rank_within_10_seconds(local_ray, cache_dir):
+def test_cancel_stops_every_rank_within_10_seconds_and_eager_runs_where_asked(local_ray, cache_dir):
     run_id = "cancel-me"
-    controller = launch_controller(tiny_spec(steps=500), run_id=run_id, cache_dir=str(cache_dir))
+    spec = tiny_spec(algo="gae", actor_attn="eager", critic_attn="sdpa", steps=500)
+    controller = launch_controller(spec_to_tree(spec), run_id=run_id, cache_dir=str(cache_dir))
     assert get_controller(run_id) is not None
     events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" for e in ev), timeout=240)
+    # Eager on every actor-side role and sdpa on the critic: what each role asked for is what ran.
+    assert_observed(events, {"actor": "eager", "rollout": "eager", "reference": "eager", "critic": "sdpa"})
+    assert of(events, "env_probe")[0]["device"] == "cpu"
     assert len(run_actor_names(run_id)) == 3  # controller + 2 ranks
     started = time.time()
     ray.get(controller.cancel.remote("test cancel"), timeout=15)
@@ -182,14 +178,13 @@ def test_cancel_stops_every_rank_within_10_seconds(local_ray, cache_dir):
                        timeout=10)
     assert time.time() - started < 10
     assert run_actor_names(run_id) == {f"attnboard-run-{run_id}"}  # only the controller, until acknowledged
-    events = [e for e in events]
     assert states(events)[-1] == "cancelled" and events[-1]["payload"]["reason"] == "test cancel"
     _finish(controller, run_id, events)
 
 
 def test_a_killed_rank_fails_the_run_naming_the_rank(local_ray, cache_dir):
     run_id = "kill-rank"
-    controller = launch_controller(tiny_spec(steps=500), run_id=run_id, cache_dir=str(cache_dir))
+    controller = launch_controller(spec_to_tree(tiny_spec(steps=500)), run_id=run_id, cache_dir=str(cache_dir))
     events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" for e in ev), timeout=240)
     pids = next(p["pids"] for p in of(events, "log") if "pids" in p)
     os.kill(pids[1], signal.SIGKILL)
@@ -207,3 +202,10 @@ def _eventually_gone_ranks(run_id: str) -> None:
     while run_actor_names(run_id) != {f"attnboard-run-{run_id}"} and time.time() < deadline:
         time.sleep(0.2)
     assert run_actor_names(run_id) == {f"attnboard-run-{run_id}"}
+
+
+def test_probe_runs_as_a_ray_task_on_a_worker_node(local_ray):
+    from worker.probe import probe_on_ray
+
+    probed = probe_on_ray()
+    assert probed["device"] == "cpu" and probed["flash_attn_version"] is None and "implementations" not in probed

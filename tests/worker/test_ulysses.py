@@ -59,33 +59,36 @@ def actor_plan(folder, impl: str, sp: int) -> LoadPlan:
     return LoadPlan(roles=[role], policy="strict", env={"device": "cpu"}, seed=0)
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_sp2_matches_sp1_loss_and_gradients(local_ray, folder, impl):
+@pytest.fixture(scope="module")
+def ranks(local_ray):
+    """Two rank actors in one gloo process group with SP groups of 1 and 2, shared by the parity tests."""
     handles = [ray.remote(RankWorker).options(num_cpus=1).remote(r, 2, "parity", "cpu") for r in range(2)]
-    try:
-        ray.get([h.pid.remote() for h in handles])
-        addr, port = ray.get(handles[0].address.remote())
-        ray.get([h.init_process_group.remote(addr, port, [1, 2]) for h in handles])
-        batch = parity_batch()
-        results = {}
-        for sp in (1, 2):
-            group = WorkerGroup(handles, {"actor": Mesh(2, sp)}, lambda: False)
-            reports = group.call("load", actor_plan(folder, impl, sp))
-            assert all(r[0]["observed"] == impl for r in reports)
-            results[sp] = group.call("policy_loss_and_grads", SETTINGS, batch=batch)
-        assert len(results[1]) == 2 and len(results[2]) == 1  # SP=1: 2 data-parallel shards; SP=2: one
-        loss_sp1 = sum(r["loss"] for r in results[1]) / 2
-        loss_sp2 = results[2][0]["loss"]
-        assert loss_sp2 == pytest.approx(loss_sp1, abs=1e-5)
-        grads_sp1, grads_sp2 = results[1][0]["grads"], results[2][0]["grads"]
-        assert grads_sp1.keys() == grads_sp2.keys() and len(grads_sp1) > 10
-        for name in grads_sp1:
-            assert torch.allclose(grads_sp2[name], grads_sp1[name], atol=1e-5), (
-                f"{name}: max diff {(grads_sp2[name] - grads_sp1[name]).abs().max():.3g}")
-        assert any(g.abs().max() > 1e-4 for g in grads_sp1.values())  # a real gradient, not zeros
-    finally:
-        for h in handles:
-            ray.kill(h)
+    addr, port = ray.get(handles[0].address.remote())
+    ray.get([h.init_process_group.remote(addr, port, [1, 2]) for h in handles])
+    yield handles
+    for h in handles:
+        ray.kill(h)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_sp2_matches_sp1_loss_and_gradients(ranks, folder, impl):
+    batch = parity_batch()
+    results = {}
+    for sp in (1, 2):  # the same initial weights: each load reads the folder afresh
+        group = WorkerGroup(ranks, {"actor": Mesh(2, sp)}, lambda: False)
+        reports = group.call("load", actor_plan(folder, impl, sp))
+        assert all(r[0]["observed"] == impl for r in reports)
+        results[sp] = group.call("policy_loss_and_grads", SETTINGS, batch=batch)
+    assert len(results[1]) == 2 and len(results[2]) == 1  # SP=1: 2 data-parallel shards; SP=2: one
+    loss_sp1 = sum(r["loss"] for r in results[1]) / 2
+    loss_sp2 = results[2][0]["loss"]
+    assert loss_sp2 == pytest.approx(loss_sp1, abs=1e-5)
+    grads_sp1, grads_sp2 = results[1][0]["grads"], results[2][0]["grads"]
+    assert grads_sp1.keys() == grads_sp2.keys() and len(grads_sp1) > 10
+    for name in grads_sp1:
+        assert torch.allclose(grads_sp2[name], grads_sp1[name], atol=1e-5), (
+            f"{name}: max diff {(grads_sp2[name] - grads_sp1[name]).abs().max():.3g}")
+    assert any(g.abs().max() > 1e-4 for g in grads_sp1.values())  # a real gradient, not zeros
 
 
 def test_fsdp_turbo_with_sp2_runs_forced_eager(local_ray, tmp_path):

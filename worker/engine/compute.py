@@ -80,7 +80,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
         alive_steps.append(alive.clone())
         if eos_token_id is not None:
             alive = alive & (token != eos_token_id)
-        remaining = torch.tensor([int(alive.any())], dtype=torch.long)
+        remaining = torch.tensor([int(alive.any())], dtype=torch.long, device=device)  # nccl reduces on the GPU
         if sync_group is not None and dist.get_world_size(sync_group) > 1:
             dist.all_reduce(remaining, group=sync_group)
         if int(remaining) == 0:

@@ -89,7 +89,7 @@ def _probe_ids(vocab_size: int) -> torch.Tensor:
 
 def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool) -> dict[str, Any]:
     """A 1x8 forward (and backward for trained roles) under observation -> what ran."""
-    ids = _probe_ids(vocab_size)
+    ids = _probe_ids(vocab_size).to(next(model.parameters()).device)
     with observe_attention() as seen:
         if trained:
             model(input_ids=ids).logits.float().sum().backward()
@@ -174,6 +174,8 @@ class RankWorker:
                     config._attn_implementation = impl  # FSDP-Turbo's Ulysses path: eager, unconditionally
                 loader = models.load_causal_lm if p.loader == "causal_lm" else models.load_value_model
                 module = loader(p.folder, config)
+                if self.device == "cuda":
+                    module = module.to("cuda")  # fused kernels only run on the device
                 if p.sp > 1:
                     module.config._attn_implementation = ulysses.register_ulysses(impl)
                 seen = _first_forward(module, module.config.vocab_size, p.trained)
@@ -215,8 +217,6 @@ class RankWorker:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            if self.device == "cuda":
-                module.to("cuda")
             mesh = init_device_mesh(self.device, (self.world,))
             for layer in layers:
                 fully_shard(layer, mesh=mesh)
