@@ -37,6 +37,8 @@ HEAD_RECORD = "ray_head.json"
 HEAD_LOG = "ray_head.log"
 HEAD_START_TIMEOUT_S = 180.0
 HEAD_STOP_TIMEOUT_S = 30.0
+HEAD_RETRY_S = 30.0
+HEAD_READY_LINE = b"This command will now block forever"
 CONNECT_PROBE_TIMEOUT_S = 2.0
 
 
@@ -63,12 +65,30 @@ def split_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def head_command(ray_bin: str, *, port: int, client_port: int, agent_port: int, temp_dir: str,
-                 num_cpus: int) -> list[str]:
+def ray_token_available(env: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether Ray would find an authentication token: ``RAY_AUTH_TOKEN``, the file at
+    ``RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token``."""
+    if env.get("RAY_AUTH_TOKEN"):
+        return True
+    path = env.get("RAY_AUTH_TOKEN_PATH")
+    return Path(path).expanduser().is_file() if path else (Path.home() / ".ray" / "auth_token").is_file()
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a Ray address points at this machine's loopback interface.
+
+    >>> is_loopback("127.0.0.1:6379"), is_loopback("localhost:1"), is_loopback("ray-head:6379")
+    (True, True, False)
+    """
+    target = split_address(address) if address else None
+    return target is not None and (target[0] in ("localhost", "::1") or target[0].startswith("127."))
+
+
+def head_command(ray_bin: str, *, port: int, agent_port: int, temp_dir: str, num_cpus: int) -> list[str]:
     """The ``ray start`` command line of the embedded head: loopback only, no dashboard, in the foreground
     (``--block``) so one SIGTERM to it stops every process it started."""
     return [ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-            f"--ray-client-server-port={client_port}", f"--dashboard-agent-listen-port={agent_port}",
+            f"--dashboard-agent-listen-port={agent_port}",
             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}", f"--num-cpus={num_cpus}"]
 
 
@@ -137,18 +157,18 @@ def start_head(data_dir: Path, *, num_cpus: int, timeout: float = HEAD_START_TIM
     """Start a Ray head on 127.0.0.1 as its own process group and wait until its GCS answers."""
     port = free_port()
     temp_dir = short_temp_dir(data_dir)
-    cmd = head_command(str(Path(sys.executable).with_name("ray")), port=port, client_port=free_port(),
-                       agent_port=free_port(), temp_dir=temp_dir, num_cpus=num_cpus)
+    cmd = head_command(str(Path(sys.executable).with_name("ray")), port=port, agent_port=free_port(), temp_dir=temp_dir, num_cpus=num_cpus)
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     log_path = data_dir / HEAD_LOG
+    offset = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "ab") as head_log:
         proc = subprocess.Popen(cmd, stdout=head_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
-    while not reachable(address, timeout=0.5):
+    while not (reachable(address, timeout=0.5) and _head_ready(log_path, offset)):
         if proc.poll() is not None:
-            tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:] if log_path.exists() else ""
             raise RayUnavailable(f"the local Ray head exited with code {proc.returncode} while starting "
                                  f"({' '.join(cmd)}); its log {log_path} ends with:\n{tail}")
         if time.monotonic() > deadline:
@@ -156,6 +176,14 @@ def start_head(data_dir: Path, *, num_cpus: int, timeout: float = HEAD_START_TIM
             raise RayUnavailable(f"the local Ray head at {address} did not answer within {timeout:.0f} s; see {log_path}")
         time.sleep(0.25)
     return HeadRecord(address=address, pid=proc.pid, temp_dir=temp_dir, started_at=time.time())
+
+
+def _head_ready(log_path: Path, offset: int) -> bool:
+    """``ray start --block`` prints its banner once every process is up (GCS answering is not enough:
+    a driver also needs the raylet)."""
+    with open(log_path, "rb") as fh:
+        fh.seek(offset)
+        return HEAD_READY_LINE in fh.read()
 
 
 def stop_head(pid: int, timeout: float = HEAD_STOP_TIMEOUT_S) -> None:
@@ -196,8 +224,17 @@ class RayRuntime:
         self.data_dir = data_dir
         self.num_cpus = num_cpus or os.cpu_count() or 1
         self.address: str | None = address or None
+        if self.embedded or is_loopback(address):
+            # Ray would otherwise swap 127.0.0.1 for the machine's outward address when joining (and miss
+            # a head that listens on loopback only); this must be set before ray is imported.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        if "RAY_AUTH_MODE" not in os.environ and ray_token_available(os.environ):
+            # Ray's own rule for local clusters: with a token present, token authentication is on. A head
+            # started that way refuses a client that did not turn it on too.
+            os.environ["RAY_AUTH_MODE"] = "token"
         self._connected = False
         self._lock = threading.RLock()
+        self._head_failed: tuple[float, str] | None = None
 
     @property
     def embedded(self) -> bool:
@@ -245,7 +282,14 @@ class RayRuntime:
         if record is not None:
             log.warning("the recorded Ray head at %s (pid %d) is gone; starting a new one", record.address, record.pid)
             self._disconnect()
-        record = start_head(self.data_dir, num_cpus=self.num_cpus)
+        if self._head_failed is not None and time.monotonic() - self._head_failed[0] < HEAD_RETRY_S:
+            raise RayUnavailable(self._head_failed[1])  # no new head on every call while it keeps failing
+        try:
+            record = start_head(self.data_dir, num_cpus=self.num_cpus)
+        except RayUnavailable as exc:
+            self._head_failed = (time.monotonic(), str(exc))
+            raise
+        self._head_failed = None
         record.save(self.record_path)
         self.address = record.address
         log.info("started a local Ray head at %s (pid %d, %d CPUs)", record.address, record.pid, self.num_cpus)
