@@ -19,9 +19,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from worker.spec import Issue, SpecError, _jsonable
+from worker.spec import Issue, SpecError
 
 log = logging.getLogger("attnboard.errors")
+
+
+def brief(value: Any, depth: int = 0) -> Any:
+    """``value`` made JSON-safe and short enough to echo back: long strings and collections are cut,
+    deep structures end in "...". Bounded, so echoing hostile input stays cheap."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= 200 else value[:200] + f"... ({len(value)} characters)"
+    if depth >= 8:
+        return "..."
+    if isinstance(value, (list, tuple)):
+        return [brief(v, depth + 1) for v in list(value)[:20]]
+    if isinstance(value, dict):
+        return {str(k)[:200]: brief(v, depth + 1) for k, v in list(value.items())[:20]}
+    return repr(value)[:200]
 
 
 class AppError(Exception):
@@ -55,8 +71,8 @@ class AppError(Exception):
                 "code": self.code,
                 "message": self.message,
                 "field": self.field,
-                "value": _jsonable(self.value),
-                "valid": _jsonable(self.valid),
+                "value": brief(self.value),
+                "valid": brief(self.valid),
                 "issues": self.issues,
             }
         }
@@ -124,7 +140,7 @@ def _validation_issue(err: dict[str, Any]) -> dict[str, Any]:
         field = "(body)"
         message = f"the body is not valid JSON: {ctx.get('error', message)}"
         value = None
-    return {"field": field, "value": _jsonable(value), "message": f"{field}: {message}",
+    return {"field": field, "value": brief(value), "message": f"{field}: {message}",
             "valid": valid, "severity": "error", "type": kind}
 
 

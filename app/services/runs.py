@@ -11,7 +11,7 @@ attached, in which case nothing could confirm it and it is cancelled at once.
 from __future__ import annotations
 
 import copy
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import func
@@ -147,7 +147,9 @@ def list_runs(
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[list[Run], int]:
-    """Newest first, filtered; returns (page, total matching)."""
+    """Newest first, filtered; returns (page, total matching). Naive bounds are taken as UTC."""
+    created_after = _utc_bound(created_after, "created_after")
+    created_before = _utc_bound(created_before, "created_before")
     query = select(Run)
     if status:
         query = query.where(col(Run.status).in_([RunStatus(s).value for s in status]))
@@ -165,6 +167,17 @@ def list_runs(
     total = session.exec(select(func.count()).select_from(query.subquery())).one()
     rows = session.exec(query.order_by(col(Run.id).desc()).limit(limit).offset(offset)).all()
     return list(rows), total
+
+
+def _utc_bound(value: datetime | None, field: str) -> datetime | None:
+    """A timestamp filter in UTC (SQLite compares stored UTC text, so the zone must match)."""
+    if value is None:
+        return None
+    try:
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    except OverflowError:
+        raise AppError(422, "invalid_request", f"{field}: {value.isoformat()} is out of range in UTC", field=field,
+                       value=value.isoformat(), valid="a timestamp between years 1 and 9999 in UTC") from None
 
 
 # --------------------------------------------------------------------------------------------

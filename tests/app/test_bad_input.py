@@ -119,6 +119,7 @@ CASES = [
     ("GET", "/api/runs?created_after=2030-01-01T00:00:00Z&created_before=2020-01-01T00:00:00Z", {}, 422,
      "created_after"),
     ("GET", "/api/runs?name=%00", {}, 422, "name"),
+    ("GET", "/api/runs?created_before=0001-01-01T00:00:00%2B01:00", {}, 422, "created_before"),
     ("GET", "/api/specs?limit=-3", {}, 422, "limit"),
     ("GET", "/api/runs/987654", {}, 404, "run_id"),
     ("GET", "/api/runs/abc", {}, 422, "run_id"),

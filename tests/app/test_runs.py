@@ -71,6 +71,10 @@ def test_list_filters_and_pagination(client, write_headers):
     past = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
     assert names(created_after=future) == ([], 0)
     assert names(created_after=past, created_before=future)[1] == 3
+    # bounds in another zone mean the same instant
+    in_tokyo = (datetime.now(timezone.utc) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=9)))
+    assert names(created_after=in_tokyo.isoformat())[1] == 3
+    assert names(created_before=in_tokyo.isoformat())[1] == 0
     assert a["id"] < b["id"] < c["id"]
 
 
