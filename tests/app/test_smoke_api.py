@@ -1,3 +1,9 @@
+"""The app as a whole: health, OpenAPI, the size limit on streamed bodies, and the catch-all handler."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
 from tests.app.factories import make_run
 
 
@@ -12,3 +18,40 @@ def test_create_and_get_run(client, write_headers):
     assert run["status"] == "queued" and run["total_steps"] == 3
     got = client.get(f"/api/runs/{run['id']}").json()
     assert got["spec"]["trainer"]["device"] == "cpu"
+
+
+def test_openapi_and_docs(client):
+    schema = client.get("/openapi.json").json()
+    assert {"/api/runs", "/api/specs", "/api/resolve", "/api/import", "/api/tokens"} <= set(schema["paths"])
+    assert client.get("/docs").status_code == 200
+
+
+def test_streamed_body_over_the_limit_is_413(client, write_headers, settings):
+    """A chunked body (no Content-Length) is counted while it streams."""
+    chunk = b" " * 65536
+
+    def body():
+        for _ in range(settings.MAX_BODY_BYTES // len(chunk) + 2):
+            yield chunk
+
+    resp = client.post("/api/runs", content=body(), headers={**write_headers, "content-type": "application/json"})
+    assert resp.status_code == 413
+    assert resp.json()["error"]["code"] == "payload_too_large"
+
+
+def test_a_real_bug_is_a_json_500_and_logged(settings, caplog):
+    from app.main import create_app
+
+    app = create_app(settings, migrate=False)
+
+    @app.get("/api/boom")
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        resp = c.get("/api/boom")
+    app.state.engine.dispose()
+    assert resp.status_code == 500
+    assert resp.json()["error"] == {"code": "internal_error", "message": "attnboard hit a bug; the server log has "
+                                    "the traceback", "field": None, "value": None, "valid": None, "issues": []}
+    assert "unhandled error on GET /api/boom" in caplog.text
