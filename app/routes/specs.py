@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, status
+from fastapi import APIRouter, Depends, Path, status
 
 from app.deps import SessionDep, require_read, require_write
 from app.models import INT32_MAX, SpecCreate, SpecPublic, SpecsPublic, SpecUpdate
