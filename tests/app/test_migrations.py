@@ -84,3 +84,15 @@ def test_app_code_never_calls_create_all():
     app_dir = Path(__file__).resolve().parents[2] / "app"
     offenders = [p for p in app_dir.rglob("*.py") if "create_all(" in p.read_text()]
     assert offenders == []
+
+
+def test_app_start_up_applies_migrations(empty_db_url, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.core.config import Settings
+    from app.main import create_app
+
+    api = create_app(Settings(DATA_DIR=tmp_path / "data", DATABASE_URL=empty_db_url))
+    with TestClient(api) as client:
+        assert client.get("/api/runs").json()["total"] == 0
+    assert _tables(empty_db_url) == TABLES and _diff(empty_db_url) == []
