@@ -36,7 +36,7 @@ def cache_dir(tmp_path_factory):
 
 
 def tiny_spec(*, algo: str = "grpo", actor_attn: str = "sdpa", critic_attn: str = "sdpa", policy: str = "strict",
-              steps: int = 1) -> RunSpec:
+              steps: int = 1, strategy: str = "fsdp2") -> RunSpec:
     """The project's tiny CPU preset, with one optimizer step per PPO step (8 prompts x 4 samples over 2
     ranks: a mini batch of 16 sequences per rank, in one micro batch) to keep each step short."""
     overrides = {
@@ -47,6 +47,8 @@ def tiny_spec(*, algo: str = "grpo", actor_attn: str = "sdpa", critic_attn: str 
         "critic.ppo_micro_batch_size_per_gpu": 16,
         "trainer.total_training_steps": steps,
         "attnboard.fallback_policy": policy,
+        "actor_rollout_ref.actor.strategy": strategy,
+        "critic.strategy": strategy,
     }
     if algo == "gae":
         overrides["critic.model.override_config"] = {"attn_implementation": critic_attn}
@@ -182,9 +184,10 @@ def test_cancel_stops_every_rank_within_10_seconds_and_eager_runs_where_asked(lo
     _finish(controller, run_id, events)
 
 
-def test_a_killed_rank_fails_the_run_naming_the_rank(local_ray, cache_dir):
+def test_a_killed_rank_fails_the_run_naming_the_rank_under_fsdp1(local_ray, cache_dir):
     run_id = "kill-rank"
-    controller = launch_controller(spec_to_tree(tiny_spec(steps=500)), run_id=run_id, cache_dir=str(cache_dir))
+    spec = tiny_spec(steps=500, strategy="fsdp")  # FSDP1 (FullyShardedDataParallel) trains until the kill
+    controller = launch_controller(spec_to_tree(spec), run_id=run_id, cache_dir=str(cache_dir))
     events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" for e in ev), timeout=240)
     pids = next(p["pids"] for p in of(events, "log") if "pids" in p)
     os.kill(pids[1], signal.SIGKILL)
