@@ -7,7 +7,10 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS cpu
 ARG TORCH_INDEX_URL=""
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 RAY_USAGE_STATS_ENABLED=0
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 RAY_USAGE_STATS_ENABLED=0 \
+    PYTHONPATH=/srv/attnboard
+# PYTHONPATH: the app (and every Ray worker process) imports app/ and worker/ from this source tree, where
+# migrations/ sits beside app/ as app.db expects; the installed copy provides the dependencies and the CLI.
 RUN apt-get update && apt-get install -y --no-install-recommends curl procps && rm -rf /var/lib/apt/lists/*
 WORKDIR /srv/attnboard
 COPY pyproject.toml README.md ./
