@@ -16,7 +16,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy import func
 from sqlmodel import Session, col, select
-from starlette.concurrency import run_in_threadpool
 
 from app.core.config import Settings, get_settings
 from app.db import make_engine, run_migrations
@@ -47,10 +46,12 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         if migrate:
             run_migrations(settings.DATABASE_URL)
         app.state.run_changes.bind(asyncio.get_running_loop())
-        supervisor = await run_in_threadpool(_start_ray, app, settings) if ray else None
+        # On the main thread (blocking start-up and shutdown is fine): Ray's driver wants its signal handlers
+        # there and aborts the process when it is shut down from another thread.
+        supervisor = _start_ray(app, settings) if ray else None
         yield
         if supervisor is not None:
-            await run_in_threadpool(_stop_ray, app, supervisor)
+            _stop_ray(app, supervisor)
         app.state.engine.dispose()
 
     app = FastAPI(

@@ -153,12 +153,15 @@ class HeadRecord:
         tmp.replace(path)
 
 
-def start_head(data_dir: Path, *, num_cpus: int, timeout: float = HEAD_START_TIMEOUT_S) -> HeadRecord:
-    """Start a Ray head on 127.0.0.1 as its own process group and wait until its GCS answers."""
+def start_head(data_dir: Path, *, num_cpus: int, timeout: float = HEAD_START_TIMEOUT_S,
+               env: dict[str, str] | None = None) -> HeadRecord:
+    """Start a Ray head on 127.0.0.1 as its own process group (environment ``env``, default this process's)
+    and wait until it is up."""
     port = free_port()
     temp_dir = short_temp_dir(data_dir)
     cmd = head_command(str(Path(sys.executable).with_name("ray")), port=port, agent_port=free_port(), temp_dir=temp_dir, num_cpus=num_cpus)
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    env = {**(os.environ if env is None else env), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     log_path = data_dir / HEAD_LOG
     offset = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "ab") as head_log:

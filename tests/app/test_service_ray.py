@@ -1,0 +1,176 @@
+"""The service on a real Ray head (one per module, ``ray start --head`` on 127.0.0.1 with Ray's token
+authentication) and the app as a uvicorn subprocess on SQLite: nodes on loopback, a rank killed,
+the queue's reasons, Ray unreachable at submit, and 20 concurrent clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.services.ray_runtime import free_port
+from tests.app.service_support import (
+    AppProcess,
+    RayHead,
+    all_events,
+    app_env,
+    process_gone,
+    ray_query,
+    tiny_run_spec,
+    token_headers,
+    wait_until,
+)
+
+pytestmark = pytest.mark.ray
+
+CLUSTER_CPUS = 4
+TOO_BIG = 64  # ranks: more than the cluster has, so such runs stay queued without using anything
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory):
+    ray_head = RayHead.start(tmp_path_factory.mktemp("ray-head"), num_cpus=CLUSTER_CPUS)
+    yield ray_head
+    ray_head.stop()
+
+
+@pytest.fixture(scope="module")
+def served(head: RayHead, tmp_path_factory: pytest.TempPathFactory):
+    data = tmp_path_factory.mktemp("app")
+    app = AppProcess(app_env(head.env, data_dir=data / "data", ray_address=head.address), data / "app.log").start()
+    headers = token_headers(f"sqlite:///{data / 'data' / 'attnboard.db'}")
+    with httpx.Client(base_url=app.url, headers=headers, timeout=60) as client:
+        yield app, client
+    app.stop()
+
+
+def test_every_ray_node_is_on_loopback(head: RayHead):
+    nodes = ray_query(head.address, head.env)["nodes"]
+    assert nodes and all(n["address"] == "127.0.0.1" for n in nodes), nodes
+
+
+def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, head: RayHead):
+    app, client = served
+    resp = client.post("/api/runs", json={"name": "rank-kill", "spec": tiny_run_spec(steps=200)})
+    assert resp.status_code == 201, resp.text
+    run_id = resp.json()["id"]
+
+    deadline = time.monotonic() + 300
+    pids: list[int] = []
+    while not pids:
+        assert time.monotonic() < deadline, f"no 'rank workers up' event; {app.tail()}"
+        pids = next((e["payload"]["pids"] for e in all_events(client, run_id)
+                     if e["kind"] == "log" and "pids" in e["payload"]), [])
+        time.sleep(0.5)
+    killed_at = time.monotonic()
+    os.kill(pids[0], signal.SIGKILL)
+
+    run = wait_until(client, run_id, lambda r: r["status"] == "failed", timeout=15, what="failed after the kill")
+    assert time.monotonic() - killed_at <= 15
+    errors = [e["payload"] for e in all_events(client, run_id) if e["kind"] == "error"]
+    assert errors and "rank 0" in errors[0]["message"], errors
+    assert "rank 0" in run["status_reason"]
+
+    deadline = time.monotonic() + 60
+    while True:
+        left = [a for a in ray_query(head.address, head.env)["actors"] if a.startswith(f"attnboard-run-{run_id}")]
+        if not left and all(process_gone(pid) for pid in pids):
+            break
+        assert time.monotonic() < deadline, f"still alive: {left}"
+        time.sleep(1)
+
+
+def test_a_run_that_does_not_fit_stays_queued_saying_what_it_waits_for(served):
+    _, client = served
+    run_id = client.post("/api/runs", json={"name": "too-big", "spec": tiny_run_spec(ranks=TOO_BIG)}).json()["id"]
+    run = wait_until(client, run_id, lambda r: (r["status_reason"] or "").startswith("waiting for"), timeout=30,
+                     what="a waiting reason")
+    assert run["status"] == "queued" and run["ray_job"] is None
+    assert run["status_reason"].startswith(f"waiting for {TOO_BIG} CPU (")
+    assert f"free of {CLUSTER_CPUS})" in run["status_reason"]
+    assert client.post(f"/api/runs/{run_id}/cancel").json()["status"] == "cancelled"
+
+
+def test_twenty_clients_submit_five_runs_each_and_every_run_is_accounted_for(served):
+    app, client = served
+    spec = tiny_run_spec(ranks=TOO_BIG)
+    problems: list[str] = []
+    lock = threading.Lock()
+
+    def one_client(n: int) -> list[int]:
+        ids = []
+        with httpx.Client(base_url=app.url, headers=client.headers, timeout=120) as own:
+            for i in range(5):
+                resp = own.post("/api/runs", json={"name": f"c{n}-{i}", "spec": spec})
+                if resp.status_code != 201:
+                    with lock:
+                        problems.append(f"POST {resp.status_code} {resp.text[:200]}")
+                    continue
+                ids.append(resp.json()["id"])
+            for run_id in ids[::2]:  # half of them cancelled right away, concurrently with the others' submits
+                resp = own.post(f"/api/runs/{run_id}/cancel")
+                if resp.status_code != 200:
+                    with lock:
+                        problems.append(f"cancel {resp.status_code} {resp.text[:200]}")
+        return ids
+
+    with ThreadPoolExecutor(20) as pool:
+        ids = [run_id for batch in pool.map(one_client, range(20)) for run_id in batch]
+    assert problems == []
+    assert len(ids) == len(set(ids)) == 100
+    listed = client.get("/api/runs", params={"name": "c", "limit": 500}).json()
+    assert {r["id"] for r in listed["data"]} >= set(ids)
+    by_status = {}
+    for run in listed["data"]:
+        if run["id"] in ids:
+            by_status[run["status"]] = by_status.get(run["status"], 0) + 1
+    assert by_status == {"cancelled": 60, "queued": 40}, by_status
+    assert "database is locked" not in app.tail(10**7)
+    assert " 500 " not in app.tail(10**7)
+    for run_id in ids:
+        client.post(f"/api/runs/{run_id}/cancel")
+
+
+def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(head: RayHead, tmp_path: Path):
+    data = tmp_path / "data"
+    nowhere = f"127.0.0.1:{free_port()}"
+    down = AppProcess(app_env(head.env, data_dir=data, ray_address=nowhere), tmp_path / "down.log")
+    up = AppProcess(app_env(head.env, data_dir=data, ray_address=head.address), tmp_path / "up.log")
+    try:
+        down.start()
+        headers = token_headers(f"sqlite:///{data / 'attnboard.db'}")
+        spec = tiny_run_spec(steps=200)
+        with httpx.Client(base_url=down.url, headers=headers, timeout=60) as client:
+            resp = client.post("/api/runs", json={"name": "later", "spec": spec})
+            assert resp.status_code == 503, resp.text
+            error = resp.json()["error"]
+            assert nowhere in error["message"] and "saved and queued" in error["message"]
+            run_id = error["value"]
+            run = client.get(f"/api/runs/{run_id}").json()
+            assert run["status"] == "queued" and run["spec"] == spec
+            again = client.post(f"/api/runs/{run_id}/submit")
+            assert again.status_code == 503 and nowhere in again.json()["error"]["message"]
+        down.stop()
+
+        up.start()  # the same database, now with a reachable Ray: the scheduler submits the kept run
+        with httpx.Client(base_url=up.url, headers=headers, timeout=60) as client:
+            run = wait_until(client, run_id, lambda r: r["ray_job"] == f"attnboard-run-{run_id}", timeout=60,
+                             what="launched by the scheduler")
+            wait_until(client, run_id, lambda r: r["status"] in ("starting", "running"), timeout=300, what="started")
+            assert client.post(f"/api/runs/{run_id}/cancel").status_code == 200
+            run = wait_until(client, run_id, lambda r: r["status"] == "cancelled", timeout=60, what="cancelled")
+            seqs = [e["seq"] for e in all_events(client, run_id)]
+            assert seqs == list(range(1, run["last_seq"] + 1))
+        deadline = time.monotonic() + 60
+        while [a for a in ray_query(head.address, head.env)["actors"] if a.startswith(f"attnboard-run-{run_id}")]:
+            assert time.monotonic() < deadline, "cancel must free every actor of the run"
+            time.sleep(1)
+    finally:
+        down.kill()
+        up.stop()
