@@ -1,7 +1,8 @@
 """The ``attnboard`` command line: serve the app, migrate, create tokens, and the pure spec tools
 (resolve, import, export) that need no server. Every command takes ``--json`` for machines.
 
-Exit codes: 0 success, 2 invalid input (bad spec, file, profile), 1 anything else.
+Exit codes: 0 success, 2 invalid input (bad spec, file, profile), 1 anything else; ``submit`` adds
+3 (the run was cancelled), 4 (server or Ray unreachable) and 5 (still running at ``--timeout``).
 """
 
 from __future__ import annotations
@@ -176,6 +177,115 @@ def serve_cmd(
     import uvicorn
 
     uvicorn.run("app.main:create_served_app", factory=True, host=host, port=port, reload=reload, proxy_headers=False)
+
+
+EXIT_FAILED, EXIT_CANCELLED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 3, 4, 5
+SUBMIT_EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
+WAIT_CHUNK_S = 300.0
+
+
+def _attention_rows(attention: dict[str, Any], effective: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per role: requested -> effective (and what ran); from the wait answer, else the run's summary."""
+    rows = [{"role": role, **{k: info.get(k) for k in ("requested", "effective", "observed", "status")}}
+            for role, info in attention.items()]
+    seen = {row["role"] for row in rows}
+    rows += [{"role": role, "requested": None, "effective": value, "observed": None, "status": None}
+             for role, value in (effective or {}).items() if role not in seen]
+    return rows
+
+
+def _print_outcome(run: dict[str, Any], attention: dict[str, Any], base: str) -> None:
+    out.print(f"run {run['id']} {run['status']}: {run.get('status_reason') or ''}  ({base}/runs/{run['id']})",
+              markup=False)
+    rows = _attention_rows(attention, run.get("effective_attention"))
+    if rows:
+        table = Table(title="effective attention per role", title_justify="left")
+        for column in ("role", "requested", "effective", "observed", "status"):
+            table.add_column(column, no_wrap=True)
+        for row in rows:
+            table.add_row(*(str(row[c]) if row[c] is not None else "-" for c in
+                            ("role", "requested", "effective", "observed", "status")))
+        out.print(table)
+
+
+@cli.command("submit")
+def submit_cmd(
+    spec: Annotated[Path, typer.Argument(help="Spec file: YAML/JSON, or a verl command line.")],
+    server: Annotated[str, typer.Option("--server", envvar="ATTNBOARD_SERVER",
+                                        help="The attnboard server (env ATTNBOARD_SERVER).")] = "http://127.0.0.1:8000",
+    token: Annotated[Optional[str], typer.Option("--token", envvar="ATTNBOARD_TOKEN",
+                                                 help="An API token with the write scope (env ATTNBOARD_TOKEN).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="The run's name.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the run finishes; the exit code tells how.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="With --wait: give up after this many seconds.")] = 3600,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a run to a server; with --wait, wait for it and print the effective attention per role.
+
+    Exit codes: 0 submitted (or, with --wait, succeeded); 1 the run failed; 2 invalid spec or request
+    (bad file, refused spec, bad token); 3 the run was cancelled; 4 the server (or its Ray) is
+    unreachable; 5 still running at --timeout.
+    """
+    import time
+
+    import httpx
+
+    imported = _load(spec, as_json)
+    base = server.rstrip("/")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    body: dict[str, Any] = {"spec": imported.spec.model_dump(mode="json")}
+    if name:
+        body["name"] = name
+    client = httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(30.0, read=WAIT_CHUNK_S + 30))
+
+    def call(method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            _fail(f"cannot reach the attnboard server at {base}: {exc}", as_json=as_json, code=EXIT_UNREACHABLE,
+                  field="--server", value=base)
+
+    def refused(resp: httpx.Response) -> NoReturn:
+        try:
+            error = resp.json().get("error", {})
+        except ValueError:
+            error = {"message": resp.text[:500]}
+        code = EXIT_UNREACHABLE if resp.status_code >= 500 else EXIT_INVALID
+        extra = {k: v for k, v in error.items() if k not in ("message", "code")}
+        _fail(f"HTTP {resp.status_code}: {error.get('message', resp.reason_phrase)}", as_json=as_json, code=code,
+              http_status=resp.status_code, error_code=error.get("code"), **extra)
+
+    resp = call("POST", "/api/runs", json=body)
+    if resp.status_code != 201:
+        refused(resp)
+    run = resp.json()
+    for warning in imported.warnings:
+        _warn(warning)
+    if not wait:
+        if as_json:
+            print(json.dumps({"run": run, "url": f"{base}/runs/{run['id']}"}))
+        else:
+            out.print(f"run {run['id']} submitted ({run['status']}): {base}/runs/{run['id']}", markup=False)
+        raise typer.Exit(0)
+    deadline = time.monotonic() + timeout
+    while True:
+        chunk = max(1.0, min(WAIT_CHUNK_S, deadline - time.monotonic()))
+        resp = call("GET", f"/api/runs/{run['id']}/wait", params={"timeout": chunk})
+        if resp.status_code != 200:
+            refused(resp)
+        answer = resp.json()
+        if not answer["timed_out"] or time.monotonic() >= deadline:
+            break
+    run, attention = answer["run"], answer["attention"]
+    code = EXIT_TIMEOUT if answer["timed_out"] else SUBMIT_EXIT_CODES[run["status"]]
+    if as_json:
+        print(json.dumps({"run_id": run["id"], "status": run["status"], "status_reason": run["status_reason"],
+                          "timed_out": answer["timed_out"], "exit_code": code,
+                          "attention": _attention_rows(attention, run.get("effective_attention")),
+                          "url": f"{base}/runs/{run['id']}"}))
+    else:
+        _print_outcome(run, attention, base)
+    raise typer.Exit(code)
 
 
 @token_cli.command("create")

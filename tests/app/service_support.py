@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from app.services.ray_runtime import HeadRecord, free_port, pid_alive, start_head, stop_head
+from app.services.ray_runtime import HeadRecord, free_port, pid_alive, ray_token_available, start_head, stop_head
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTNBOARD = str(Path(sys.executable).with_name("attnboard"))
@@ -30,6 +30,8 @@ def ray_env(token: str | None) -> dict[str, str]:
     env.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"})
     if token:
         env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    elif ray_token_available(env):
+        env["RAY_AUTH_MODE"] = "token"  # what the app does (and Ray does for local clusters) with a token at hand
     return env
 
 
