@@ -45,22 +45,26 @@ class _Console:
         if self.as_json:
             print(json.dumps(event, default=str), flush=True)
             return
+        from rich.markup import escape
+
         kind, p = event["kind"], event["payload"]
         if kind == "status":
             if p["state"] == "running" and self.task is None:
-                self._print_attention()
                 self.progress.start()
                 self.task = self.progress.add_task("PPO", total=p.get("total_steps"), info="")
-            self.console.print(f"[cyan]status[/] {p['state']}: {p.get('reason', '')}")
+            if p["state"] in ("succeeded", "failed", "cancelled"):
+                self.close()
+                self._print_attention()
+            self.console.print(f"[cyan]status[/] {p['state']}: {escape(str(p.get('reason', '')))}")
         elif kind == "attention":
             self.attention[(p["role"], p["rank"])] = p
         elif kind == "fallback":
-            self.console.print(f"[yellow]fallback[/] [{p['role']}] rank {p['rank']}: {p['from']} -> {p['to']} "
-                               f"({p['error']})")
+            self.console.print(f"[yellow]fallback[/] {escape(p['role'])} rank {p['rank']}: {p['from']} -> {p['to']} "
+                               f"({escape(p['error'])})")
         elif kind == "attention_mismatch":
-            self.console.print(f"[red]mismatch[/] {p['message']}")
+            self.console.print(f"[red]mismatch[/] {escape(p['message'])}")
         elif kind == "error":
-            self.console.print(f"[red]error[/] {p['message']}")
+            self.console.print(f"[red]error[/] {escape(p['message'])}")
         elif kind == "metric" and self.task is not None:
             v = p["values"]
             info = (f"score {v.get('critic/score/mean', 0):.3f}  kl {v.get('actor/kl', 0):.4f}  "
@@ -70,17 +74,20 @@ class _Console:
     def _print_attention(self) -> None:
         from rich.table import Table
 
+        if not self.attention:
+            return
         table = Table(title="attention per role and rank")
         for col in ("role", "rank", "requested", "effective", "observed", "status", "calls"):
             table.add_column(col)
         for (role, rank), p in sorted(self.attention.items()):
-            table.add_row(role, str(rank), p["requested"], p["effective"], str(p["observed"]), p["status"],
-                          json.dumps(p["calls"]))
+            calls = ", ".join(f"{name} x{count}" for name, count in sorted(p["calls"].items()))
+            table.add_row(role, str(rank), p["requested"], p["effective"], str(p["observed"]), p["status"], calls)
         self.console.print(table)
 
     def close(self) -> None:
         if not self.as_json and self.task is not None:
             self.progress.stop()
+            self.task = None
 
 
 def _run(args: argparse.Namespace) -> int:
