@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from app.models_troubleshooting import EntrySource
-from app.services.troubleshooting import draft_from_event, environment_label
+from app.services.troubleshooting import diagnose, draft_from_event, environment_label
 from tests.app.factories import make_run
 from tests.app.pages_support import csrf_of, login, soup
 
@@ -84,6 +86,27 @@ def test_draft_from_event(kind, payload, run_has_error, expected):
         assert draft is None
     else:
         assert (draft.source, draft.role, draft.error, draft.implementation) == expected
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=40),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+                           max_leaves=10)
+payloads = st.dictionaries(st.sampled_from(["role", "error", "message", "attempts", "traceback", "from", "status",
+                                            "state", "reason"]), json_values, max_size=6)
+probes = st.none() | st.dictionaries(st.sampled_from(["device", "compute_capability", "flash_attn_version",
+                                                      "gpu_name", "transformers_version"]), json_values, max_size=4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(["fallback", "error", "status", "metric", "log"]), payloads, st.booleans(), probes)
+def test_any_payload_is_ingested_without_raising(kind, payload, run_has_error, probe):
+    """Ingestion runs inside every POST /events: whatever a worker sends, it yields a draft or nothing, and a
+    draft always classifies (a probe it cannot read is ignored)."""
+    draft = draft_from_event(kind, payload, run_has_error=run_has_error)
+    if draft is not None:
+        assert draft.error.strip()
+        assert diagnose(draft, probe).summary
+        environment_label(probe, None)
 
 
 @pytest.mark.parametrize("probe,fallback_env,expected", [
