@@ -6,14 +6,43 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker import models
-from worker.engine import compute, run_spec
+from worker.engine import compute, run_spec, ulysses
 from worker.engine.controller import WorkerGroup
 from worker.engine.dispatch import Mesh
 from worker.engine.rank import LoadPlan, RankWorker, RolePlan
 
-pytestmark = pytest.mark.ray
+
+# --------------------------------------------------------------------------------------------
+# Pure helpers
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 3), t=st.integers(1, 13), sp=st.sampled_from([1, 2, 4]))
+def test_pad_then_shard_covers_the_sequence_once(b, t, sp):
+    x = torch.arange(b * t).reshape(b, t)
+    padded = ulysses.pad_to_multiple(x, sp, -1)
+    assert padded.shape[1] % sp == 0 and padded.shape[1] - t < sp
+    shards = [ulysses.shard_sequence(padded, r, sp) for r in range(sp)]
+    assert torch.equal(torch.cat(shards, dim=1)[:, :t], x)
+    assert (torch.cat(shards, dim=1)[:, t:] == -1).all()
+
+
+def test_global_bias_is_the_causal_padding_mask_eager_attention_uses():
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])  # (B, T): a left pad and a right pad
+    bias = ulysses.global_attention_bias(mask, torch.float32)  # (B, 1, T, T)
+    visible = bias[:, 0] == 0  # (B, T, T)
+    expected = torch.tril(torch.ones(5, 5, dtype=torch.bool))[None] & mask.bool()[:, None, :]
+    assert torch.equal(visible, expected)
+    # A query with no visible key (row 0, position 0) gets a finite, uniform softmax, not NaN.
+    assert torch.isfinite(torch.softmax(bias[0, 0, 0], dim=-1)).all()
+
+
+# --------------------------------------------------------------------------------------------
+# On Ray: 2 ranks, gloo
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +99,7 @@ def ranks(local_ray):
         ray.kill(h)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_sp2_matches_sp1_loss_and_gradients(ranks, folder, impl):
     batch = parity_batch()
@@ -91,6 +121,7 @@ def test_sp2_matches_sp1_loss_and_gradients(ranks, folder, impl):
     assert any(g.abs().max() > 1e-4 for g in grads_sp1.values())  # a real gradient, not zeros
 
 
+@pytest.mark.ray
 def test_fsdp_turbo_with_sp2_runs_forced_eager(local_ray, tmp_path):
     spec = {
         "actor_rollout_ref": {"model": {"path": "builtin:tiny-llama",

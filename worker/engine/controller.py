@@ -379,7 +379,7 @@ class Trainer:
         micro = arr.actor.ppo_micro_batch_size_per_gpu or mini
         if spec.has_critic:
             critic_mesh = group.meshes["critic"]
-            c_mini = max(arr.actor.ppo_mini_batch_size * n // critic_mesh.dp, 1)
+            c_mini = min(max(arr.actor.ppo_mini_batch_size * n // critic_mesh.dp, 1), len(uid) // critic_mesh.dp)
             c_settings = compute.CriticSettings(
                 ppo_epochs=arr.actor.ppo_epochs, mini_batch=c_mini,
                 micro_batch=spec.critic.ppo_micro_batch_size_per_gpu or c_mini,
