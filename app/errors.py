@@ -40,6 +40,18 @@ def brief(value: Any, depth: int = 0) -> Any:
     return repr(value)[:200]
 
 
+def utf8_safe(value: Any) -> Any:
+    """Lone surrogates (valid in JSON escapes, not in UTF-8) become visible ``\\udXXX`` text, so an
+    error that echoes a bad string can always be sent."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {utf8_safe(k): utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [utf8_safe(v) for v in value]
+    return value
+
+
 class AppError(Exception):
     """An error with an HTTP status, a stable machine code and a sentence for people."""
 
@@ -66,7 +78,7 @@ class AppError(Exception):
         self.headers = headers
 
     def body(self) -> dict[str, Any]:
-        return {
+        return utf8_safe({
             "error": {
                 "code": self.code,
                 "message": self.message,
@@ -75,7 +87,7 @@ class AppError(Exception):
                 "valid": brief(self.valid),
                 "issues": self.issues,
             }
-        }
+        })
 
     @classmethod
     def from_spec_error(cls, exc: SpecError, *, prefix: str = "spec") -> "AppError":

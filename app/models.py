@@ -52,11 +52,26 @@ MAX_BODY_DEPTH = 32
 """Deepest nesting a request body may have; a spec needs about 6 levels."""
 
 
+def _visible(text: str) -> str:
+    """``text`` with NUL and lone surrogates written as escapes, safe to echo in an error."""
+    return text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "text must not contain NUL (\\0) characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "text must be valid Unicode: it holds a lone surrogate (\\ud800-\\udfff)"
+    return None
+
+
 def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
     """The first value the app cannot take faithfully, as (field, value, why), or None: nesting deeper
     than MAX_BODY_DEPTH (which would exhaust recursion further on), NaN/Infinity (JSON has no such
-    numbers; PostgreSQL refuses them) and NUL characters (PostgreSQL text cannot hold them).
-    Iterative, so a hostile body cannot exhaust the stack here."""
+    numbers; PostgreSQL refuses them), NUL characters (PostgreSQL text cannot hold them) and lone
+    surrogates (not encodable as UTF-8). Iterative, so a hostile body cannot exhaust the stack here."""
     stack: list[tuple[str, Any, int]] = [(path, value, 0)]
     while stack:
         where, item, depth = stack.pop()
@@ -64,12 +79,12 @@ def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
             return where or "(body)", "...", f"nested more than {MAX_BODY_DEPTH} levels deep"
         if isinstance(item, float) and not math.isfinite(item):
             return where or "(body)", str(item), "NaN and Infinity are not numbers JSON can store"
-        if isinstance(item, str) and "\x00" in item:
-            return where or "(body)", item.replace("\x00", "\\0")[:80], "text must not contain NUL (\\0) characters"
+        if isinstance(item, str) and (why := _text_problem(item)):
+            return _visible(where or "(body)"), _visible(item[:80]), why
         if isinstance(item, dict):
             for key, child in item.items():
-                if isinstance(key, str) and "\x00" in key:
-                    return f"{where}.{key!r}".lstrip("."), key.replace("\x00", "\\0"), "keys must not contain NUL characters"
+                if isinstance(key, str) and (why := _text_problem(key)):
+                    return _visible(f"{where}.{key}".lstrip(".")), _visible(key[:80]), f"keys: {why}"
                 stack.append((f"{where}.{key}".lstrip("."), child, depth + 1))
         elif isinstance(item, (list, tuple)):
             stack.extend((f"{where}[{i}]", child, depth + 1) for i, child in enumerate(item))

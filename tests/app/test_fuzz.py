@@ -14,11 +14,13 @@ from app.services.runs import apply_patch
 from worker.spec import SPEC_KEYS
 
 SPEC_KEY_SAMPLE = st.sampled_from(sorted(SPEC_KEYS))
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                    st.text(max_size=30))
+# Text with what PostgreSQL and UTF-8 cannot hold mixed in: NUL and lone surrogates (valid as JSON escapes).
+nasty_text = st.lists(st.one_of(st.text(max_size=8), st.sampled_from(["\x00", "\ud800", "\udfff", "\U0001f600"])),
+                      max_size=4).map("".join)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True), nasty_text)
 json_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)), max_leaves=12)
-specs = st.dictionaries(st.one_of(SPEC_KEY_SAMPLE, st.text(max_size=20)), json_values, max_size=6)
+    st.lists(inner, max_size=4), st.dictionaries(nasty_text, inner, max_size=4)), max_leaves=12)
+specs = st.dictionaries(st.one_of(SPEC_KEY_SAMPLE, nasty_text), json_values, max_size=6)
 
 
 def _post(client, path, body, headers):
@@ -28,7 +30,7 @@ def _post(client, path, body, headers):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=specs, name=st.one_of(st.none(), st.text(max_size=40)))
+@given(spec=specs, name=st.one_of(st.none(), nasty_text))
 def test_random_run_bodies_never_500(client, write_headers, spec, name):
     body = {"spec": spec} if name is None else {"spec": spec, "name": name}
     resp = _post(client, "/api/runs", body, write_headers)
@@ -89,7 +91,7 @@ def test_apply_patch_sets_every_key_of_a_conflict_free_patch(patch):
 verl_words = st.sampled_from(["python3", "-m", "verl.trainer.main_ppo", "+", "++", "~", "=", "'", '"', "\\\n", " ",
                               "trainer.device=cpu", "critic.model.override_config.attn_implementation=eager",
                               "data.train_batch_size=", "[1,2]", "${oc.env:X}", "{a: 1}", ":", "-", "\n", "  "])
-import_texts = st.one_of(st.text(max_size=200), st.lists(verl_words, max_size=25).map("".join))
+import_texts = st.one_of(st.text(max_size=200), nasty_text, st.lists(verl_words, max_size=25).map("".join))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
