@@ -30,7 +30,12 @@ from tests.app.service_support import (
 pytestmark = pytest.mark.ray
 
 CLUSTER_CPUS = 4
-TOO_BIG = 64  # ranks: more than the cluster has, so such runs stay queued without using anything
+TOO_BIG = 16  # ranks: more than the cluster has, so such runs stay queued without using anything
+
+
+def too_big_spec() -> dict:
+    return tiny_run_spec(ranks=TOO_BIG, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+                                           "critic.ppo_micro_batch_size_per_gpu": 1})
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +93,7 @@ def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, hea
 
 def test_a_run_that_does_not_fit_stays_queued_saying_what_it_waits_for(served):
     _, client = served
-    run_id = client.post("/api/runs", json={"name": "too-big", "spec": tiny_run_spec(ranks=TOO_BIG)}).json()["id"]
+    run_id = client.post("/api/runs", json={"name": "too-big", "spec": too_big_spec()}).json()["id"]
     run = wait_until(client, run_id, lambda r: (r["status_reason"] or "").startswith("waiting for"), timeout=30,
                      what="a waiting reason")
     assert run["status"] == "queued" and run["ray_job"] is None
@@ -99,7 +104,7 @@ def test_a_run_that_does_not_fit_stays_queued_saying_what_it_waits_for(served):
 
 def test_twenty_clients_submit_five_runs_each_and_every_run_is_accounted_for(served):
     app, client = served
-    spec = tiny_run_spec(ranks=TOO_BIG)
+    spec = too_big_spec()
     problems: list[str] = []
     lock = threading.Lock()
 
