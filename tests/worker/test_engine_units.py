@@ -75,7 +75,7 @@ def test_mismatches(predicted, effective, observed, expected_whats):
     found = planning.mismatches(payload)
     assert [m["what"] for m in found] == expected_whats
     for m in found:
-        assert f"rank 1" in m["message"] and "[actor]" in m["message"]
+        assert "rank 1" in m["message"] and "[actor]" in m["message"]
 
 
 def test_attention_payload_status_badges():

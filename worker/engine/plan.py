@@ -17,9 +17,6 @@ from worker.engine.ulysses import base_of
 from worker.resolution import Resolution, RoleResolution, Status
 from worker.spec import RunSpec
 
-CLASSIFY_ROLE = {"actor": "actor", "rollout": "rollout", "reference": "reference", "critic": "critic"}
-
-
 def candidates(role: RoleResolution, policy: str) -> list[str]:
     """The implementations a rank tries, in order.
 

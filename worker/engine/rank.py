@@ -180,8 +180,7 @@ class RankWorker:
                     module.config._attn_implementation = ulysses.register_ulysses(impl)
                 seen = _first_forward(module, module.config.vocab_size, p.trained)
             except Exception as exc:  # noqa: BLE001 - every failure is recorded and classified
-                diagnosis = classify(ErrorInfo.from_exception(exc), facts,
-                                     role="reference" if p.role == "reference" else p.role)
+                diagnosis = classify(ErrorInfo.from_exception(exc), facts, role=p.role)
                 attempts.append({"implementation": impl, "ok": False,
                                  "error": f"{type(exc).__name__}: {exc}",
                                  "traceback": traceback.format_exc(limit=8),
