@@ -20,7 +20,7 @@ from app.deps import CurrentPrincipal, SessionDep, require_read, require_write
 from app.errors import AppError
 from app.models import INT32_MAX
 from app.models_troubleshooting import MAX_TRIAL_STEPS, TrialCreate, TrialPublic, TrialsPublic, TrialStatus
-from app.routes.pages import CSRF, FormState, PageUser, _multi, page_context, redirect, require_page_write
+from app.routes.pages import CSRF, FormState, PageUser, page_context, redirect, require_page_write
 from app.routes.params import Limit, Offset
 from app.services import trials as service
 from app.web import render
@@ -37,7 +37,7 @@ def get_trial_starter(request: Request) -> Callable[[int], Any]:
     """How a new trial starts: a background thread, on the Ray launcher's cluster when one is attached."""
     app = request.app
     launcher = app.state.launcher
-    connect = getattr(launcher, "connect", None) or service._default_connect
+    connect = getattr(launcher, "connect", None) or service.connect_local_ray
     roots = list(app.state.settings.MODEL_ROOTS)
     return lambda trial_id: service.start_in_thread(app.state.engine, trial_id, model_roots=roots, connect=connect)
 
@@ -102,7 +102,8 @@ def trial_page(request: Request, trial_id: int, _: PageUser, session: SessionDep
 async def trial_from_form(request: Request, principal: PageUser, session: SessionDep, start: TrialStarter) -> Response:
     """The new-run form's second button: the same fields, run as a trial of the fallback chain's implementations."""
     require_page_write(principal)
-    form = _multi(await request.form())
+    submitted = await request.form()
+    form = {key: [v for v in submitted.getlist(key) if isinstance(v, str)] for key in submitted.keys()}
     state = FormState(form)
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)

@@ -79,7 +79,8 @@ def list_trials(session: Session, *, ids: Sequence[int] | None = None, limit: in
 # Execute
 
 
-def _default_connect() -> None:
+def connect_local_ray() -> None:
+    """Join Ray when no Ray launcher is attached: a local instance of this process's own."""
     import ray
 
     if not ray.is_initialized():  # no Ray launcher: a Ray of our own, never someone else's local cluster
@@ -87,7 +88,7 @@ def _default_connect() -> None:
 
 
 def execute_trial(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] = (),
-                  cache_dir: Path | str | None = None, connect: Callable[[], None] = _default_connect) -> str:
+                  cache_dir: Path | str | None = None, connect: Callable[[], None] = connect_local_ray) -> str:
     """Run a queued trial to its end, writing every change to its row; -> the final status. Never raises."""
     from worker.environment import Environment
     from worker.probe import environment_fields, probe_environment
@@ -133,7 +134,7 @@ def execute_trial(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] 
 
 
 def start_in_thread(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] = (),
-                    connect: Callable[[], None] = _default_connect) -> threading.Thread:
+                    connect: Callable[[], None] = connect_local_ray) -> threading.Thread:
     """Run ``execute_trial`` in a daemon thread (the row says how it goes)."""
     thread = threading.Thread(target=execute_trial, args=(engine, trial_id),
                               kwargs={"model_roots": model_roots, "connect": connect},

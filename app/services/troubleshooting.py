@@ -35,11 +35,12 @@ from app.models_troubleshooting import (
     TroubleshootingNote,
 )
 from app.services.launcher import Launcher
-from worker.classify import ROLE_SECTIONS, Diagnosis, EnvFacts, ErrorInfo, classify, fast_path_patch, \
+from worker.classify import ROLE_SECTIONS, Category, Diagnosis, EnvFacts, ErrorInfo, classify, fast_path_patch, \
     suggest_return_to_fast_path
 from worker.environment import Environment, UnknownProfileError, environment_from
 
 ERROR_TEXT_MAX = 8000
+ROLES = ("actor", "rollout", "reference", "critic")
 PROBE_EXTRAS = frozenset({"rank", "hostname", "python_version", "model_folder", "implementations"})
 """Keys ``worker.probe.probe_environment`` (and the engine's env_probe event) add to the environment's fields."""
 RETRY_USES = ("remedy", "fast_path")
@@ -187,7 +188,12 @@ def list_entries(
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[list[TroubleshootingEntry], int]:
-    """Newest first (by id: ingestion order), filtered; returns (page, total matching)."""
+    """Newest first (by id: ingestion order), filtered; returns (page, total matching). An unknown category
+    or role is an error listing the valid ones."""
+    for name, value, valid in (("category", category, [c.value for c in Category]), ("role", role, list(ROLES))):
+        if value and value not in valid:
+            raise AppError(422, "invalid_request", f"{name} {value!r} is not valid; valid: {', '.join(valid)}",
+                           field=name, value=value, valid=valid)
     query = select(TroubleshootingEntry)
     if category:
         query = query.where(TroubleshootingEntry.category == category)
@@ -254,12 +260,13 @@ def fast_path(entry: TroubleshootingEntry, probe: Probe | None) -> FastPath | No
     return FastPath(sentence=sentence, patch=fast_path_patch(diagnosis), probe=probe.source)
 
 
-def entry_public(session: Session, entry: TroubleshootingEntry, *, probe: Probe | None | bool = True) -> EntryPublic:
-    """The entry with its run's name and status, its notes (oldest first) and the fast-path suggestion."""
+def entry_public(session: Session, entry: TroubleshootingEntry, *, probe: Probe | None = None) -> EntryPublic:
+    """The entry with its run's name and status, its notes (oldest first) and the fast-path suggestion
+    against ``probe`` (default: the latest probe after the entry, ``later_probe``)."""
     run = session.get(Run, entry.run_id)
     notes = session.exec(select(TroubleshootingNote).where(TroubleshootingNote.entry_id == entry.id)
                          .order_by(col(TroubleshootingNote.id))).all()
-    found = later_probe(session, entry) if probe is True else probe or None
+    found = probe if probe is not None else later_probe(session, entry)
     return EntryPublic(
         **entry.model_dump(), run_name=run.name if run else "?", run_status=run.status if run else "?",
         notes=[NotePublic.model_validate(n, from_attributes=True) for n in notes],

@@ -179,12 +179,17 @@ def test_filters(client, write_headers):
     assert page["total"] == 4 and len(page["data"]) == 1 and page["data"][0]["run_id"] == t4
 
 
-@pytest.mark.parametrize("params,field", [({"limit": 0}, "limit"), ({"run_id": 0}, "run_id"),
-                                          ({"model": "x" * 201}, "model")])
-def test_bad_filters_name_the_field(client, params, field):
+@pytest.mark.parametrize("params,field,valid", [
+    ({"limit": 0}, "limit", None), ({"run_id": 0}, "run_id", None), ({"model": "x" * 201}, "model", None),
+    ({"category": "flash"}, "category", "flash_attn_not_installed"), ({"role": "ref"}, "role", "reference"),
+])
+def test_bad_filters_name_the_field(client, params, field, valid):
     resp = client.get("/api/troubleshooting", params=params)
     assert resp.status_code == 422
-    assert resp.json()["error"]["field"] == field
+    error = resp.json()["error"]
+    assert error["field"] == field
+    if valid is not None:
+        assert valid in error["valid"] and valid in error["message"]
 
 
 # --------------------------------------------------------------------------------------------
