@@ -1,6 +1,29 @@
 """Run events: ``{"run_id", "seq", "ts", "kind", "payload"}`` with ``seq`` contiguous from 1.
 
 Only the controller numbers events (rank workers return payloads), so one run has one sequence.
+
+Payloads by kind:
+
+- ``status``: ``state`` (queued -> starting -> running -> succeeded | failed | cancelled), ``reason``;
+  ``total_steps`` on running; ``rank`` when a rank failed; ``role`` when a role could not load.
+- ``env_probe``: ``worker.probe.probe_environment()`` of rank 0's node, plus ``rank``.
+- ``attention``: one per role (actor, rollout, reference, critic) and rank: ``requested``, ``source``,
+  ``predicted`` (the resolution's effective), ``effective`` (what loaded), ``config_attn_implementation``,
+  ``observed`` (the kernel called most in the first forward), ``calls`` ({kernel: count}),
+  ``wrappers`` (Ulysses), ``forced``, ``fallback``, ``status`` (ok | forced | fallback), ``reasons``,
+  ``strategy``, ``sp``.
+- ``fallback``: ``role``, ``rank``, ``from``, ``to``, ``error`` (the exception text), ``diagnosis``
+  (``worker.classify.Diagnosis.as_dict()``).
+- ``attention_mismatch``: ``role``, ``rank``, ``what`` (resolution-vs-loaded | loaded-vs-observed),
+  ``expected``, ``actual``, ``message``.
+- ``metric``: ``step``, ``total_steps``, ``values`` ({verl-style name: float}: critic/rewards/mean,
+  critic/score/mean, actor/kl, actor/pg_loss, actor/pg_clipfrac, actor/entropy, critic/vf_loss,
+  response_length/mean, perf/tokens_per_s, perf/step_time_s, perf/max_memory_mb,
+  training/rollout_probs_diff_mean, ...), ``peak_memory_mb`` ({rank: MiB}: max RSS on CPU,
+  ``torch.cuda.max_memory_allocated`` on GPU).
+- ``log``: ``message`` and context (``pids`` of the ranks, the ``resolution`` preview, a saved ``path``).
+- ``error``: ``message``; ``rank``, ``cause``, ``died``, ``traceback`` for a rank failure; ``role``,
+  ``attempts``, ``diagnosis``, ``policy`` for a role that could not load.
 """
 
 from __future__ import annotations
