@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ BATCH = 1000
 TICK_S = 0.25
 MAX_WAIT_S = 300.0
 RECHECK_S = 2.0
+CONTROLLER_NAME = re.compile(r"attnboard-run-(\d+)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,6 +223,8 @@ class Supervisor:
                     changed = True  # the run was found gone and finished
                 else:
                     asked[ref] = run
+            if self._after_restart:
+                self._release_finished(session)
             ready = self._ready(list(asked))
             for ref in ready:
                 inserted, full = self.pump_run(session, asked[ref], ref)
@@ -231,6 +235,23 @@ class Supervisor:
         if changed and self.changes is not None:
             self.changes.notify()
         return more
+
+    def _release_finished(self, session: Session) -> None:
+        """After a restart: a controller whose run is already finished here (the app stopped between storing
+        the last event and acknowledging it) is acknowledged now, so it stops its ranks and exits."""
+        from ray.util import list_named_actors
+
+        names = {a["name"] for a in list_named_actors(all_namespaces=True) if a.get("namespace") == "attnboard"}
+        ids = [int(m.group(1)) for name in names if (m := CONTROLLER_NAME.fullmatch(name))]
+        if not ids:
+            return
+        finished = session.exec(select(Run).where(col(Run.id).in_(ids),
+                                                  col(Run.status).in_([s.value for s in TERMINAL_STATUSES]))).all()
+        for run in finished:
+            handle = self.launcher.controller(run.id)
+            if handle is not None:
+                log.info("run %s is %s: acknowledging its leftover controller", run.id, run.status)
+                handle.ack.remote(run.last_seq)
 
     def _ready(self, refs: list[Any]) -> list[Any]:
         import ray

@@ -66,6 +66,12 @@ print("RESULT " + json.dumps({
 """
 
 
+def actors_of(names: list[str], run_id: int) -> list[str]:
+    """The run's controller (``attnboard-run-7``) and rank actors (``attnboard-run-7-rank0``) among ``names``."""
+    own = f"attnboard-run-{run_id}"
+    return [n for n in names if n == own or n.startswith(own + "-")]
+
+
 def ray_query(address: str, env: dict[str, str]) -> dict[str, Any]:
     """Ray's nodes and the live named actors of namespace attnboard, asked by a separate driver process."""
     proc = subprocess.run([sys.executable, "-c", QUERY, address], env=env, capture_output=True, text=True, timeout=180)

@@ -17,6 +17,7 @@ import pytest
 from app.services.ray_runtime import free_port
 from tests.app.service_support import (
     AppProcess,
+    actors_of,
     RayHead,
     all_events,
     app_env,
@@ -84,7 +85,7 @@ def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, hea
 
     deadline = time.monotonic() + 60
     while True:
-        left = [a for a in ray_query(head.address, head.env)["actors"] if a.startswith(f"attnboard-run-{run_id}")]
+        left = actors_of(ray_query(head.address, head.env)["actors"], run_id)
         if not left and all(process_gone(pid) for pid in pids):
             break
         assert time.monotonic() < deadline, f"still alive: {left}"
@@ -173,7 +174,7 @@ def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(head: Ra
             seqs = [e["seq"] for e in all_events(client, run_id)]
             assert seqs == list(range(1, run["last_seq"] + 1))
         deadline = time.monotonic() + 60
-        while [a for a in ray_query(head.address, head.env)["actors"] if a.startswith(f"attnboard-run-{run_id}")]:
+        while actors_of(ray_query(head.address, head.env)["actors"], run_id):
             assert time.monotonic() < deadline, "cancel must free every actor of the run"
             time.sleep(1)
     finally:

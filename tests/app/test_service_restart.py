@@ -13,6 +13,7 @@ from app.services.ray_runtime import HEAD_RECORD, HeadRecord, pid_alive
 from tests.app.service_support import (
     TERMINAL,
     AppProcess,
+    actors_of,
     all_events,
     app_env,
     ray_env,
@@ -66,7 +67,7 @@ def test_app_killed_during_a_run_restarts_and_the_run_finishes_once(tmp_path):
         time.sleep(2)  # the acknowledged controller stops its ranks and exits
         cluster = ray_query(record.address, ray_env(None))
         assert {n["address"] for n in cluster["nodes"]} == {"127.0.0.1"}
-        assert [a for a in cluster["actors"] if a.startswith(f"attnboard-run-{run_id}")] == []
+        assert actors_of(cluster["actors"], run_id) == []
 
         assert second.stop() is not None
         deadline = time.monotonic() + 60
