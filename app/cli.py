@@ -160,11 +160,19 @@ def migrate_cmd(as_json: JsonOpt = False) -> None:
     from app.db import run_migrations
 
     settings = get_settings()
-    run_migrations(settings.database_url)
+    run_migrations(settings.DATABASE_URL)
+    shown = _redact(settings.DATABASE_URL)
     if as_json:
-        print(json.dumps({"migrated": True, "database": settings.database_url_display}))
+        print(json.dumps({"migrated": True, "database": shown}))
     else:
-        out.print(f"database at {settings.database_url_display} is at the latest revision")
+        out.print(f"database {shown} is at the latest revision")
+
+
+def _redact(url: str) -> str:
+    """A database URL without its password, for printing."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 @cli.command("serve")
@@ -296,23 +304,29 @@ def token_create_cmd(
 ) -> None:
     """Create an API token; its secret is shown once, only its hash is stored."""
     from app.core.config import get_settings
-    from app.db import make_engine, run_migrations, session_scope
-    from app.errors import AppError
+    from sqlmodel import Session
+
+    from app.db import make_engine, run_migrations
     from app.services.tokens import create_token
 
+    valid = ["read", "write"]
+    if scope not in valid:
+        _fail(f"--scope {scope!r} is not valid; valid: {', '.join(valid)}", as_json=as_json, field="--scope",
+              value=scope, valid=valid)
+    if not name.strip() or len(name) > 200:
+        _fail("the token name must be 1 to 200 characters", as_json=as_json, field="NAME", value=name[:200])
+    scopes = ["read", "write"] if scope == "write" else ["read"]
     settings = get_settings()
-    run_migrations(settings.database_url)
-    engine = make_engine(settings.database_url)
+    run_migrations(settings.DATABASE_URL)
+    engine = make_engine(settings.DATABASE_URL)
     try:
-        with session_scope(engine) as session:
-            secret, token = create_token(session, name=name, scope=scope)
+        with Session(engine) as session:
+            token, secret = create_token(session, name=name, scopes=scopes)
             token_id = token.id
-    except AppError as exc:
-        _fail(exc.message, as_json=as_json, field=exc.field, value=exc.value, valid=exc.valid)
     finally:
         engine.dispose()
     if as_json:
-        print(json.dumps({"id": token_id, "name": name, "scope": scope, "token": secret}))
+        print(json.dumps({"id": token_id, "name": name, "scopes": scopes, "token": secret}))
     else:
         out.print(f"token {name!r} ({scope}) created. It is shown once; store it now:\n{secret}", markup=False)
 

@@ -121,3 +121,24 @@ def test_import_then_export_round_trip(tmp_path):
 def test_export_rejects_unknown_format():
     proc = run("export", str(SEED / "eager.sh"), "--format", "toml", "--json")
     assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["valid"] == ["cli", "yaml"]
+
+
+def test_migrate_then_token_create(tmp_path):
+    env = {"ATTNBOARD_DATA_DIR": str(tmp_path / "data"), "ATTNBOARD_DATABASE_URL": ""}
+    migrated = run("migrate", "--json", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    assert json.loads(migrated.stdout)["database"].endswith("attnboard.db")
+    created = run("token", "create", "nightly-ci", "--json", env=env)
+    assert created.returncode == 0, created.stderr
+    token = json.loads(created.stdout)
+    assert token["token"].startswith("atb_") and token["scopes"] == ["read", "write"]
+    # Only the hash is stored: the plaintext is nowhere in the database file.
+    assert token["token"].encode() not in (tmp_path / "data" / "attnboard.db").read_bytes()
+    readonly = run("token", "create", "dash", "--scope", "read", "--json", env=env)
+    assert json.loads(readonly.stdout)["scopes"] == ["read"]
+
+
+def test_token_create_rejects_an_unknown_scope(tmp_path):
+    proc = run("token", "create", "x", "--scope", "admin", "--json", env={"ATTNBOARD_DATA_DIR": str(tmp_path)})
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["valid"] == ["read", "write"]
