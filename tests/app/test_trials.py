@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 from sqlmodel import Session
 
 from app.models_troubleshooting import Trial, TrialCreate, TrialStatus
@@ -21,13 +20,6 @@ from worker.trial import Column, StepFigures, TrialResult, recommend
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 TRIAL_SPEC = tiny_spec(**{"data.max_response_length": 8})
-
-
-@pytest.fixture(autouse=True)
-def _wipe_trials(engine):
-    yield
-    with engine.begin() as conn:
-        conn.execute(text("DELETE FROM trial"))
 
 
 def stored_trial(session: Session, *, name: str, times: dict[str, float]) -> Trial:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import text
 
 from app.models_troubleshooting import EntrySource
 from app.services.troubleshooting import diagnose, draft_from_event, environment_label
@@ -27,14 +26,6 @@ A100_PROBE = {**CPU_PROBE, "device": "cuda", "compute_capability": [8, 0], "gpu_
               "flash_attn_version": "2.8.3"}
 ACTOR_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 CRITIC_KEY = "critic.model.override_config.attn_implementation"
-
-
-@pytest.fixture(autouse=True)
-def _wipe_rechecks(engine):
-    """Runs (and so entries and notes) are wiped by the shared fixtures; rechecks are this module's."""
-    yield
-    with engine.begin() as conn:
-        conn.execute(text("DELETE FROM environmentrecheck"))
 
 
 def fallback(role: str, error: str = FA2_MISSING) -> dict[str, Any]:
