@@ -233,3 +233,24 @@ def test_generate_with_cache_matches_a_full_forward_and_stops_at_eos():
 def test_response_slice_reads_one_position_early():
     x = torch.arange(10).reshape(1, 10)  # P + R = 10, R = 4
     assert compute.response_slice(x, 4).tolist() == [[5, 6, 7, 8]]
+
+
+@pytest.mark.parametrize(
+    "actor_ckpt,actor_sp,expected_keys",
+    [
+        (True, 1, []),
+        (False, 2, []),
+        (True, 2, ["actor_rollout_ref.model.enable_gradient_checkpointing"]),
+    ],
+)
+def test_gradient_checkpointing_is_skipped_out_loud_under_ulysses(actor_ckpt, actor_sp, expected_keys):
+    from worker.presets import tiny_cpu_spec
+
+    spec = tiny_cpu_spec(**{"algorithm.adv_estimator": "grpo",
+                            "actor_rollout_ref.model.enable_gradient_checkpointing": actor_ckpt,
+                            "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": actor_sp})
+    note = planning.checkpointing_note(spec)
+    assert (note is None) == (not expected_keys)
+    for key in expected_keys:
+        assert f"{key}=true is not applied" in note
+    assert planning.checkpointing_applies(actor_ckpt, actor_sp) == (actor_ckpt and actor_sp == 1)

@@ -238,6 +238,9 @@ class Trainer:
 
         load = planning.load_plan(spec, resolution, actor_folder=str(actor_folder),
                                   critic_folder=str(critic_folder) if critic_folder else None, env=env.to_dict())
+        note = planning.checkpointing_note(spec)
+        if note:
+            log.emit(Kind.log, {"message": note})
         try:
             reports = group.call("load", load)
         except RankFailed as exc:

@@ -40,25 +40,44 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
     policy = spec.attnboard.fallback_policy
 
     def role_plan(name: str, loader: str, folder: str, override: dict, strategy: str, sp: int, trained: bool,
-                  lr: float, weight_decay: float) -> RolePlan:
+                  lr: float, weight_decay: float, checkpointing: bool) -> RolePlan:
         r = resolution.roles[name]
         return RolePlan(role=name, loader=loader, folder=folder, override_config=dict(override),
                         candidates=candidates(r, policy), requested=r.requested,
                         forced=r.status == Status.forced.value, reasons=[asdict(x) for x in r.reasons],
-                        strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay)
+                        strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay,
+                        gradient_checkpointing=checkpointing_applies(checkpointing, sp))
 
     roles = [
         role_plan("actor", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
-                  True, arr.actor.optim.lr, arr.actor.optim.weight_decay),
+                  True, arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing),
         role_plan("reference", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy,
-                  spec.actor_sp, False, arr.actor.optim.lr, 0.0),
+                  spec.actor_sp, False, arr.actor.optim.lr, 0.0, False),
     ]
     if spec.has_critic:
         assert critic_folder is not None, "a gae run needs the critic's folder"
         roles.append(role_plan("critic", "value", critic_folder, spec.critic.model.override_config,
                                spec.critic.strategy, spec.critic_sp, True, spec.critic.optim.lr,
-                               spec.critic.optim.weight_decay))
+                               spec.critic.optim.weight_decay, spec.critic.model.enable_gradient_checkpointing))
     return LoadPlan(roles=roles, policy=policy, env=env, seed=spec.attnboard.seed)
+
+
+def checkpointing_applies(enabled: bool, sp: int) -> bool:
+    """Gradient checkpointing recomputes the forward inside backward, outside the Ulysses all-to-all
+    context, so it is applied only without sequence parallelism (``checkpointing_note`` says so)."""
+    return enabled and sp == 1
+
+
+def checkpointing_note(spec: RunSpec) -> str | None:
+    """A log line when ``enable_gradient_checkpointing`` is set but not applied (Ulysses SP > 1)."""
+    skipped = [key for key, enabled, sp in (
+        ("actor_rollout_ref.model.enable_gradient_checkpointing", spec.actor_rollout_ref.model.enable_gradient_checkpointing, spec.actor_sp),
+        ("critic.model.enable_gradient_checkpointing", spec.critic.model.enable_gradient_checkpointing and spec.has_critic, spec.critic_sp),
+    ) if enabled and not checkpointing_applies(enabled, sp)]
+    if not skipped:
+        return None
+    return (f"{', '.join(skipped)}=true is not applied with Ulysses sequence parallelism (size > 1): the "
+            f"recomputed forward would run outside the all-to-all; this run keeps activations instead")
 
 
 def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class RolePlan:
     trained: bool
     lr: float = 1e-6
     weight_decay: float = 0.01
+    gradient_checkpointing: bool = False  # model.enable_gradient_checkpointing; trained roles with sp == 1
 
 
 @dataclass
@@ -187,6 +188,8 @@ class RankWorker:
                                  "diagnosis": diagnosis.as_dict()})
                 continue
             attempts.append({"implementation": impl, "ok": True})
+            if p.trained and p.gradient_checkpointing:
+                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             wrapped, optimizer = self._shard(module, p)
             group = self.sp_groups.get(p.sp, compute.NO_SP)
             report = {
@@ -195,6 +198,7 @@ class RankWorker:
                 "observed": seen["observed"], "calls": seen["calls"], "wrappers": seen["wrappers"],
                 "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
                 "attempts": attempts, "strategy": p.strategy, "sp": p.sp,
+                "gradient_checkpointing": bool(p.trained and p.gradient_checkpointing),
             }
             return _Loaded(wrapped, optimizer, group, Mesh(self.world, p.sp), p, report)
         raise RoleLoadError(p.role, attempts)
