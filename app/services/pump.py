@@ -35,7 +35,7 @@ from app.errors import AppError
 from app.models import TERMINAL_STATUSES, Event, EventCreate, EventKind, Run, RunStatus
 from app.services.events import append_events
 from app.services.launcher import LauncherUnavailable
-from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, kill_actor, schedule
+from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, schedule
 
 log = logging.getLogger("attnboard.pump")
 
@@ -300,8 +300,7 @@ class Supervisor:
         except AppError as exc:
             log.error("run %s: events refused: %s", run.id, exc.message)
             session.rollback()
-            if handle is not None:
-                kill_actor(handle)
+            self.launcher.kill_run(run.id)
             self._handles.pop(run.id, None)
             return self._gone(session, run, f"was stopped: its events could not be stored ({exc.message})"), False
         session.refresh(run)

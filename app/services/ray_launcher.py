@@ -160,7 +160,7 @@ class RayLauncher:
             self.wake.set()
             return
         if run.status == RunStatus.queued.value:
-            kill_actor(handle)
+            self.kill_run(run.id)
         else:
             handle.cancel.remote("cancelled by the user")
         self.wake.set()
@@ -181,6 +181,20 @@ class RayLauncher:
             return ray.get_actor(controller_name(run_id), namespace="attnboard")
         except ValueError:
             return None
+
+    def kill_run(self, run_id: int) -> None:
+        """Kill the run's controller and every rank actor it started (named ``attnboard-run-<id>-rank<r>``)."""
+        import ray
+        from ray.util import list_named_actors
+
+        own = controller_name(run_id)
+        for actor in list_named_actors(all_namespaces=True):
+            name = actor["name"]
+            if actor.get("namespace") == "attnboard" and (name == own or name.startswith(own + "-rank")):
+                try:
+                    kill_actor(ray.get_actor(name, namespace="attnboard"))
+                except ValueError:
+                    pass  # gone meanwhile
 
     def cluster_resources(self) -> tuple[dict[str, float], dict[str, float]]:
         import ray
@@ -244,7 +258,7 @@ def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
     if claimed.rowcount != 1:
         return False
     try:
-        handle = launcher.launch(run)
+        launcher.launch(run)
     except ValueError:  # a controller of that name exists already (started before a crash): adopt it
         log.info("run %s: adopting the existing controller %s", run.id, name)
         return True
@@ -256,7 +270,7 @@ def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
     session.expire_all()
     fresh = session.get(Run, run.id)
     if fresh is None or fresh.status in {s.value for s in TERMINAL_STATUSES}:
-        kill_actor(handle)  # cancelled (or deleted) while it was being launched
+        launcher.kill_run(run.id)  # cancelled (or deleted) while it was being launched
     log.info("run %s: controller %s launched", run.id, name)
     return True
 

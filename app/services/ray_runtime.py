@@ -265,12 +265,19 @@ class RayRuntime:
             if self._connected and ray.is_initialized():
                 return
             self._disconnect()
+            # On the main thread ray.init replaces the SIGTERM handler with one that exits at once; the server's
+            # own handler (a graceful shutdown that decides about the embedded head) is put back.
+            on_main = threading.current_thread() is threading.main_thread()
+            previous = signal.getsignal(signal.SIGTERM) if on_main else None
             try:
                 ray.init(address=self.address, namespace=NAMESPACE, logging_level=logging.WARNING,
                          log_to_driver=False)
             except Exception as exc:  # noqa: BLE001 - any failure to join means: not available
                 self._disconnect()
                 raise RayUnavailable(f"cannot connect to Ray at {self.address}: {type(exc).__name__}: {exc}") from None
+            finally:
+                if on_main and previous is not None:
+                    signal.signal(signal.SIGTERM, previous)
             self._connected = True
             log.info("connected to %s", self.describe())
 
