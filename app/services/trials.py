@@ -91,7 +91,7 @@ def execute_trial(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] 
                   cache_dir: Path | str | None = None, connect: Callable[[], None] = connect_local_ray) -> str:
     """Run a queued trial to its end, writing every change to its row; -> the final status. Never raises."""
     from worker.environment import Environment
-    from worker.probe import environment_fields, probe_environment
+    from worker.probe import environment_fields, probe_on_ray
     from worker.trial import Column, run_trial
 
     try:
@@ -114,8 +114,9 @@ def execute_trial(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] 
                 connect()
                 if trial.environment is not None:
                     env = parse_environment(trial.environment)
-                else:
-                    env = Environment.from_dict(environment_fields(probe_environment(), name="this node"))
+                else:  # probe a node like the ones the ranks will run on
+                    gpus = 0 if (trial.spec.get("trainer") or {}).get("device") == "cpu" else 1
+                    env = Environment.from_dict(environment_fields(probe_on_ray(num_gpus=gpus), name="probed node"))
                 result = run_trial(trial.spec, trial.implementations, steps=trial.steps, env=env,
                                    model_roots=list(model_roots), cache_dir=cache_dir, on_column=store_column,
                                    trial_id=f"trial{trial_id}")

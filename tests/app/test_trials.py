@@ -132,7 +132,7 @@ def test_cpu_trial_through_the_api(client, write_headers, db_backend, ray_local)
     if db_backend != "sqlite":
         pytest.skip("the engine trial runs once, on SQLite")
     resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC, "implementations": ["eager", "sdpa"],
-                                            "steps": 2, "environment": "cpu"}, headers=write_headers)
+                                            "steps": 2}, headers=write_headers)  # no environment: probed on Ray
     assert resp.status_code == 202, resp.text
     trial_id = resp.json()["id"]
     deadline = time.monotonic() + 600
@@ -142,6 +142,7 @@ def test_cpu_trial_through_the_api(client, write_headers, db_backend, ray_local)
         trial = client.get(f"/api/trials/{trial_id}").json()
     assert trial["status"] == "succeeded", trial["error"]
     result = TrialResult.from_dict(trial["result"])
+    assert (result.environment["name"], result.environment["device"]) == ("probed node", "cpu")
     assert [c.implementation for c in result.columns] == ["eager", "sdpa"]
     for column in result.columns:
         assert column.status == "ok"
