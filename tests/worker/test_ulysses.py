@@ -82,9 +82,9 @@ SETTINGS = compute.ActorSettings(ppo_epochs=1, mini_batch=2, micro_batch=2, clip
                                  temperature=1.0)
 
 
-def actor_plan(folder, impl: str, sp: int) -> LoadPlan:
+def actor_plan(folder, impl: str, sp: int, strategy: str) -> LoadPlan:
     role = RolePlan(role="actor", loader="causal_lm", folder=str(folder), override_config={}, candidates=[impl],
-                    requested=impl, forced=False, reasons=[], strategy="fsdp2", sp=sp, trained=True)
+                    requested=impl, forced=False, reasons=[], strategy=strategy, sp=sp, trained=True)
     return LoadPlan(roles=[role], policy="strict", env={"device": "cpu"}, seed=0)
 
 
@@ -100,13 +100,13 @@ def ranks(local_ray):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_sp2_matches_sp1_loss_and_gradients(ranks, folder, impl):
+@pytest.mark.parametrize("strategy,impl", [("fsdp2", "sdpa"), ("fsdp2", "eager"), ("fsdp", "sdpa")])
+def test_sp2_matches_sp1_loss_and_gradients(ranks, folder, strategy, impl):
     batch = parity_batch()
     results = {}
     for sp in (1, 2):  # the same initial weights: each load reads the folder afresh
         group = WorkerGroup(ranks, {"actor": Mesh(2, sp)}, lambda: False)
-        reports = group.call("load", actor_plan(folder, impl, sp))
+        reports = group.call("load", actor_plan(folder, impl, sp, strategy))
         assert all(r[0]["observed"] == impl for r in reports)
         results[sp] = group.call("policy_loss_and_grads", SETTINGS, batch=batch)
     assert len(results[1]) == 2 and len(results[2]) == 1  # SP=1: 2 data-parallel shards; SP=2: one

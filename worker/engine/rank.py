@@ -101,6 +101,24 @@ def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool) -> di
     return seen.as_dict()
 
 
+def _full_gradients(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient, on every rank (a collective: all ranks must call it).
+
+    FSDP2 keeps gradients as DTensors (``full_tensor`` gathers them); FSDP1 keeps shards of a flat
+    buffer, gathered by ``summon_full_params(with_grads=True)``.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def clean(name: str) -> str:
+        return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+
+    if isinstance(module, FSDP):
+        with FSDP.summon_full_params(module, with_grads=True):
+            return {clean(n): p.grad.detach().clone().cpu() for n, p in module.named_parameters() if p.grad is not None}
+    return {clean(n): (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().cpu()
+            for n, p in module.named_parameters() if p.grad is not None}
+
+
 class RankWorker:
     """A rank. Created by the controller with ``ray.remote(RankWorker).options(...)``."""
 
@@ -312,12 +330,7 @@ class RankWorker:
         actor.module.zero_grad(set_to_none=True)
         loss, _ = compute.actor_loss(actor.module, self._to_device(batch), actor.sp, settings)
         loss.backward()
-        grads = {}
-        for name, param in actor.module.named_parameters():
-            grad = param.grad
-            if grad is None:
-                continue
-            grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().cpu()
+        grads = _full_gradients(actor.module)
         actor.module.zero_grad(set_to_none=True)
         return {"loss": float(loss.detach()), "grads": grads}
 
