@@ -30,6 +30,9 @@ VALID_NAMES: tuple[str, ...] = BUILTIN_NAMES + PAGED_NAMES
 # The fallback chain of the `fallback` policy: fastest first, plainest last.
 FALLBACK_CHAIN: tuple[str, ...] = (Impl.flash_attention_2.value, Impl.sdpa.value, Impl.eager.value)
 
+ULYSSES_BASES: tuple[str, ...] = (Impl.eager.value, Impl.sdpa.value)
+"""Kernels attnboard's Ulysses wrapper runs on (they accept an explicit 4D additive mask)."""
+
 # `org/repo[@revision][:function]`, the transformers 5.x syntax for a kernel from the Hub.
 _HUB_KERNEL = re.compile(
     r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*)"

@@ -582,6 +582,15 @@ def _forced_eager(ctx: _Context) -> Diagnosis:
                       summary="eager forced by FSDP-Turbo with Ulysses sequence parallelism")
 
 
+def _ulysses_kernel(ctx: _Context) -> Diagnosis:
+    impl = ctx.match.group("impl")
+    patch = attn_patch(ctx.role, Impl.sdpa.value)
+    sentence = (f"attnboard's Ulysses sequence parallelism wraps eager and sdpa only, not {impl}: set {_shown(patch)} "
+                f"(the fastest it wraps), or set the sequence-parallel size to 1 to keep {impl}.")
+    return _diagnosis(ctx, Category.forced_by_engine, impl=impl, patch=patch, sentence=sentence,
+                      summary=f"{impl} cannot run inside Ulysses sequence parallelism")
+
+
 def _out_of_memory(ctx: _Context) -> Diagnosis:
     impl = _implementation(ctx)
     if impl == Impl.eager.value:
@@ -673,6 +682,8 @@ RULES: tuple[Rule, ...] = (
     _rule(Category.output_attentions_unsupported, r"does not support `?output_attentions=True`?", _output_attentions),
     # 9. The engine. The Turbo conflict message itself says "forces eager", so it comes first.
     _rule(Category.forced_by_engine, r"Do not enable both FSDP-Turbo CP and verl Ulysses SP", _forced_conflict),
+    _rule(Category.forced_by_engine,
+          r"Ulysses sequence parallelism runs on [\w, ]+, not '(?P<impl>[\w|/@:.\-]+)'", _ulysses_kernel),
     _rule(Category.forced_by_engine,
           r"forc(?:es|ed|ing) (?:the )?(?:attention (?:implementation )?)?(?:to )?`?eager`?|eager (?:attention )?"
           r"(?:is |was )?forced", _forced_eager),

@@ -10,6 +10,8 @@ torch's flex_attention. See ../shared/ATTENTION_RULES.md.
 
 from __future__ import annotations
 
+from worker.attention import ULYSSES_BASES
+
 FA_DEVICES_5X = "('cuda', 'mlu', 'musa', 'npu', 'xpu')"
 
 
@@ -76,3 +78,8 @@ SDPA_OUTPUT_ATTENTIONS = "`sdpa` attention does not support `output_attentions=T
 
 def unknown_implementation(name: str) -> str:
     return f'Specified `attn_implementation="{name}"` is not supported. The only possible arguments are ...'
+
+
+def ulysses_kernel(name: str) -> str:
+    """attnboard's own error when sequence parallelism is asked to wrap a kernel it cannot."""
+    return f"Ulysses sequence parallelism runs on {', '.join(ULYSSES_BASES)}, not {name!r}"

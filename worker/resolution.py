@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Callable
 
 from worker import messages
-from worker.attention import DEFAULT_IMPL, FALLBACK_CHAIN, base_impl, is_hub_kernel, is_valid_name
+from worker.attention import DEFAULT_IMPL, FALLBACK_CHAIN, ULYSSES_BASES, base_impl, is_hub_kernel, is_valid_name
 from worker.environment import Environment
 from worker.spec import RunSpec, Strategy
 
@@ -39,6 +39,7 @@ class Rule(str, Enum):
     verl_critic_defect = "verl-critic-defect"
     forced_turbo_ulysses = "forced-eager-fsdp-turbo-ulysses"
     ulysses = "ulysses-sp"
+    ulysses_kernel = "ulysses-kernel"
     output_attentions = "output-attentions-needs-eager"
     unknown_name = "unknown-implementation"
     fa_architecture = "flash-attn-architecture"
@@ -121,6 +122,7 @@ class _Ctx:
     env: Environment
     support: ModelSupport | None
     trained: bool  # the role runs a backward pass
+    sp: int = 1  # plain fsdp/fsdp2 Ulysses size (FSDP-Turbo's forced eager is decided before)
 
 
 Unavailable = tuple[Rule, str, str]  # rule, explanation, exact error text
@@ -200,6 +202,15 @@ _AVAILABILITY: dict[str, Callable[[_Ctx], Unavailable | None]] = {
 
 
 def _unavailable(name: str, ctx: _Ctx) -> Unavailable | None:
+    problem = _unavailable_kernel(name, ctx)
+    if problem is None and ctx.sp > 1 and base_impl(name) not in ULYSSES_BASES:
+        return (Rule.ulysses_kernel,
+                f"attnboard's Ulysses wrapper (sequence parallel size {ctx.sp}) runs on {' and '.join(ULYSSES_BASES)} only.",
+                messages.ulysses_kernel(base_impl(name)))
+    return problem
+
+
+def _unavailable_kernel(name: str, ctx: _Ctx) -> Unavailable | None:
     if is_hub_kernel(name):
         if not ctx.env.kernels_installed:
             return (Rule.hub_kernel_missing, f"{name} is a Hub kernel and the `kernels` package is not installed.",
@@ -276,7 +287,7 @@ def _resolve_role(spec: RunSpec, env: Environment, inp: _RoleInput) -> RoleResol
         reasons.append(Reason(Rule.support_unknown.value,
                               "the model's architecture support was not read (no local model or probe): assumed complete."))
 
-    ctx = _Ctx(env, inp.support, inp.trained)
+    ctx = _Ctx(env, inp.support, inp.trained, inp.sp)
     wants_weights = spec.attnboard.debug.output_attentions
     attempts: list[str] = []
     first_error: str | None = None

@@ -218,6 +218,7 @@ def test_every_rule_is_exercised():
             seen.update(rules_of(resolve(role_spec(role, attn, **dotted), env, **kw).roles[role]))
         for extra in (sp_keys(role, "fsdp_turbo", 2), sp_keys(role, "fsdp2", 2), {"actor_rollout_ref.rollout.name": "vllm"}):
             seen.update(rules_of(resolve(role_spec(role, "sdpa", **extra), CPU).roles[role]))
+        seen.update(rules_of(resolve(role_spec(role, "flash_attention_2", **sp_keys(role, "fsdp2", 2)), A100).roles[role]))
         seen.update(rules_of(resolve(role_spec(role, "flex_attention"), CPU).roles[role]))
         seen.update(rules_of(resolve(role_spec(role, "flex_attention"), CPU,
                                      actor_support=ModelSupport("X", flex_attn=False),
@@ -307,3 +308,14 @@ def test_invariants(role_attn, critic_attn, env, policy, strategy, sp, output_at
         if policy == "strict":
             assert role.status != "fallback"
     assert resolution.roles["rollout"].effective == resolution.roles["actor"].effective
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("policy,effective,status", [("strict", None, "error"), ("fallback", "sdpa", "fallback")])
+def test_plain_ulysses_wraps_eager_and_sdpa_only(role, policy, effective, status):
+    """attnboard's Ulysses wrapper runs eager and sdpa: flash_attention_2 with SP 2 on an A100 cannot run."""
+    spec = role_spec(role, "flash_attention_2", **sp_keys(role, "fsdp2", 2), **{"attnboard.fallback_policy": policy})
+    result = resolve(spec, A100).roles[role]
+    assert (result.effective, result.status) == (effective, status)
+    assert Rule.ulysses_kernel.value in rules_of(result)
+    assert result.error == messages.ulysses_kernel("flash_attention_2")

@@ -28,6 +28,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from worker import messages
+from worker.attention import ULYSSES_BASES
+
 PREFIX = "ulysses_"
 """``ulysses_<impl>``: the attention implementation name a Ulysses-wrapped model is loaded with."""
 
@@ -210,14 +213,12 @@ def _make_ulysses(impl: str) -> Callable:
     return ulysses_attention
 
 
-ULYSSES_BASES = ("eager", "sdpa")
-"""Kernels the Ulysses wrapper runs on (they accept an explicit 4D additive mask)."""
 
 
 def register_ulysses(impl: str) -> str:
     """Register ``ulysses_<impl>`` in transformers' AttentionInterface (idempotent) and return the name."""
     if impl not in ULYSSES_BASES:
-        raise ValueError(f"Ulysses sequence parallelism runs on {', '.join(ULYSSES_BASES)}, not {impl!r}")
+        raise ValueError(messages.ulysses_kernel(impl))
     name = f"{PREFIX}{impl}"
     if name not in AttentionInterface._global_mapping:
         AttentionInterface.register(name, _make_ulysses(impl))
