@@ -16,6 +16,7 @@ import pytest
 
 from app.services.ray_runtime import free_port
 from tests.app.service_support import (
+    TERMINAL,
     AppProcess,
     actors_of,
     RayHead,
@@ -82,6 +83,8 @@ def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, hea
     errors = [e["payload"] for e in all_events(client, run_id) if e["kind"] == "error"]
     assert errors and "rank 0" in errors[0]["message"], errors
     assert "rank 0" in run["status_reason"]
+    entries = client.get("/api/troubleshooting", params={"run_id": run_id}).json()["data"]
+    assert any("rank 0" in entry["error"] for entry in entries), entries  # the cause in the troubleshooting log
 
     deadline = time.monotonic() + 60
     while True:
@@ -101,6 +104,26 @@ def test_a_run_that_does_not_fit_stays_queued_saying_what_it_waits_for(served):
     assert run["status_reason"].startswith(f"waiting for {TOO_BIG} CPU (")
     assert f"free of {CLUSTER_CPUS})" in run["status_reason"]
     assert client.post(f"/api/runs/{run_id}/cancel").json()["status"] == "cancelled"
+
+
+def test_a_queued_run_starts_when_the_run_before_it_frees_its_cpus(served):
+    _, client = served
+    first = client.post("/api/runs", json={"name": "fifo-1", "spec": tiny_run_spec(steps=1, ranks=2)}).json()["id"]
+    wait_until(client, first, lambda r: r["ray_job"] is not None, timeout=30, what="launched")
+    second = client.post("/api/runs", json={"name": "fifo-2", "spec": tiny_run_spec(
+        steps=1, ranks=CLUSTER_CPUS, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+                                        "critic.ppo_micro_batch_size_per_gpu": 1})}).json()["id"]
+    waiting = wait_until(client, second, lambda r: (r["status_reason"] or "").startswith("waiting"), timeout=30,
+                         what="a waiting reason")
+    assert waiting["status_reason"] == f"waiting for {CLUSTER_CPUS} CPU (2 free of {CLUSTER_CPUS})"
+    assert waiting["ray_job"] is None
+
+    done = wait_until(client, first, lambda r: r["status"] in TERMINAL, timeout=300, what="the first run's end")
+    assert done["status"] == "succeeded", done["status_reason"]
+    started = wait_until(client, second, lambda r: r["ray_job"] is not None, timeout=60, what="the second run launched")
+    assert started["started_at"] is None or started["started_at"] >= done["finished_at"]
+    assert client.post(f"/api/runs/{second}/cancel").status_code == 200
+    wait_until(client, second, lambda r: r["status"] == "cancelled", timeout=120, what="cancelled")
 
 
 def test_twenty_clients_submit_five_runs_each_and_every_run_is_accounted_for(served):
