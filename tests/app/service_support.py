@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,6 +54,7 @@ class RayHead:
 
     def stop(self) -> None:
         stop_head(self.record.pid)
+        shutil.rmtree(self.record.temp_dir, ignore_errors=True)
 
 
 QUERY = r"""

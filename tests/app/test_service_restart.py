@@ -4,6 +4,7 @@ with every event stored once; a graceful shutdown then stops the head it started
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import httpx
@@ -82,4 +83,6 @@ def test_app_killed_during_a_run_restarts_and_the_run_finishes_once(tmp_path):
             from app.services.ray_runtime import stop_head
 
             stop_head(record.pid)
+        if record is not None:
+            shutil.rmtree(record.temp_dir, ignore_errors=True)
     assert run["status"] in TERMINAL
