@@ -2,31 +2,61 @@
 
 The page renders the fold of every stored event; the event stream folds the same way one event at a
 time and sends the blocks that event changed, so the page and the stream can never disagree.
-Event payloads follow PRODUCT.md's contract; unknown or malformed fields are shown as absent, never
-trusted as markup.
+
+Payloads are the engine's (documented at the top of ``worker/engine/events.py``) as the pump stores
+them (``app.services.pump.to_event_create``: a status payload carries ``state`` and ``status``).
+Unknown or malformed fields are shown as absent, never trusted as markup.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-TROUBLE_KINDS = frozenset({"fallback", "error"})
+TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch"})
+ROLE_ORDER = ("actor", "rollout", "reference", "critic")
+# The role whose setting decides each role's attention: rollout and reference share the actor's section.
+SETTING_OF = {"actor": "actor", "rollout": "actor", "reference": "actor", "critic": "critic"}
+# Worst first: a role's badge across its ranks is the worst any rank reported.
+BADGE_SEVERITY = ("error", "fallback", "forced", "override", "default", "ok")
 
-# Chart id -> (title, regular expression over metric keys). Shared by the live and compare pages.
-CHARTS: tuple[tuple[str, str, str], ...] = (
-    ("reward", "Reward", "reward|score"),
-    ("kl", "KL", "kl"),
-    ("loss", "Losses", "loss"),
-    ("throughput", "Tokens/s", "tokens_per_s|tokens/s|throughput"),
-    ("memory", "Peak memory", "mem"),
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart: the metric names (``metric`` payload ``values``) drawn as lines, and optionally a
+    per-rank map of the payload (``peak_memory_mb``) drawn as one line per rank."""
+
+    id: str
+    title: str
+    keys: tuple[str, ...]
+    per_rank: str | None = None
+
+
+CHARTS: tuple[Chart, ...] = (
+    Chart("reward", "Reward", ("critic/rewards/mean", "critic/score/mean")),
+    Chart("kl", "KL", ("actor/kl", "actor/ppo_kl")),
+    Chart("loss", "Losses", ("actor/pg_loss", "critic/vf_loss")),
+    Chart("throughput", "Tokens/s", ("perf/tokens_per_s",)),
+    Chart("step-time", "Step time (s)", ("perf/step_time_s",)),
+    Chart("memory", "Peak memory (MiB)", ("perf/max_memory_mb",), per_rank="peak_memory_mb"),
+    Chart("probs-diff", "Rollout vs training log-prob difference", ("training/rollout_probs_diff_mean",)),
 )
+REWARD_KEYS = CHARTS[0].keys
+TOKENS_PER_S, STEP_TIME_S, MAX_MEMORY_MB = "perf/tokens_per_s", "perf/step_time_s", "perf/max_memory_mb"
+
+
+def rank_key(per_rank: str, rank: str) -> str:
+    """The name a per-rank value gets among a metric point's values: ``peak_memory_mb/rank 0``."""
+    return f"{per_rank}/rank {rank}"
 
 
 @dataclass
 class AttentionRow:
+    """One role on one rank, from its ``attention`` event (or its ``error`` event when it never loaded)."""
+
     role: str
     rank: int | None
     requested: str | None
@@ -35,6 +65,29 @@ class AttentionRow:
     status: str
     forced: bool
     reasons: list[str]
+    source: str | None = None
+    predicted: str | None = None
+    config: str | None = None
+    calls: dict[str, int] = field(default_factory=dict)
+    fallback: bool = False
+    strategy: str | None = None
+    sp: int | None = None
+
+    @property
+    def badge(self) -> str:
+        """default / override / forced / fallback (and error for a role that did not load)."""
+        if self.status == "error":
+            return "error"
+        if self.fallback or self.status == "fallback":
+            return "fallback"
+        if self.forced or self.status == "forced":
+            return "forced"
+        return self.source if self.source in ("default", "override") else "ok"
+
+    @property
+    def disagrees(self) -> bool:
+        """The preview predicted another implementation than the one that loaded."""
+        return bool(self.predicted and self.effective and self.predicted != self.effective)
 
 
 @dataclass
@@ -44,6 +97,10 @@ class LogEntry:
     kind: str
     message: str
     detail: dict[str, Any]
+    role: str | None = None
+    rank: int | None = None
+    summary: str | None = None
+    remedy: str | None = None
 
 
 @dataclass
@@ -82,12 +139,38 @@ class RunView:
         return max(0.0, elapsed / self.step * (self.total_steps - self.step))
 
     def attention_rows(self) -> list[AttentionRow]:
-        order = {"actor": 0, "rollout": 1, "reference": 2, "critic": 3}
-        return sorted(self.attention.values(), key=lambda r: (order.get(r.role, 9), r.role, r.rank if r.rank is not None else -1))
+        return sorted(self.attention.values(), key=lambda r: (_role_index(r.role), r.role, r.rank if r.rank is not None else -1))
+
+    def forced_rows(self) -> list[AttentionRow]:
+        """One row per role that was forced (rank 0's, or the first rank seen)."""
+        seen: dict[str, AttentionRow] = {}
+        for row in self.attention_rows():
+            if row.badge == "forced":
+                seen.setdefault(row.role, row)
+        return list(seen.values())
+
+    def eager_retry_roles(self) -> list[str]:
+        """The settings (``actor``, ``critic``) worth retrying with eager: a role they decide fell back or
+        did not load, and it does not already run eager."""
+        wanted: list[str] = []
+        troubled = {(r.role, r.effective) for r in self.attention.values() if r.badge in ("fallback", "error")}
+        troubled |= {(e.role, None) for e in self.trouble if e.kind in ("fallback", "error") and e.role}
+        for role, effective in troubled:
+            setting = SETTING_OF.get(role)
+            if setting and effective != "eager" and setting not in wanted:
+                wanted.append(setting)
+        return sorted(wanted, key=_role_index)
+
+    def role_badges(self) -> list[RoleBadge]:
+        return badges_of(self.attention.values())
 
     def fell_back(self, role: str) -> bool:
-        return any(r.role == role and r.status == "fallback" for r in self.attention.values()) or any(
-            e.kind == "fallback" and e.detail.get("role") == role for e in self.trouble)
+        return any(r.role == role and r.badge == "fallback" for r in self.attention.values()) or any(
+            e.kind == "fallback" and e.role == role for e in self.trouble)
+
+
+def _role_index(role: str) -> int:
+    return ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER)
 
 
 def _str(value: Any) -> str | None:
@@ -96,6 +179,92 @@ def _str(value: Any) -> str | None:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _reasons(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [_reason_text(r) for r in value]
+    return [] if value is None else [str(value)]
+
+
+def _reason_text(reason: Any) -> str:
+    if isinstance(reason, dict):
+        rule, text = reason.get("rule"), reason.get("text")
+        return f"{rule}: {text}" if rule else str(text)
+    return str(reason)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def attention_row(payload: dict[str, Any]) -> AttentionRow:
+    """An ``attention`` payload as a table row."""
+    calls = {str(k): v for k, v in _dict(payload.get("calls")).items() if _int(v) is not None}
+    return AttentionRow(
+        role=_str(payload.get("role")) or "?",
+        rank=_int(payload.get("rank")),
+        requested=_str(payload.get("requested")),
+        effective=_str(payload.get("effective")),
+        observed=_str(payload.get("observed")),
+        status=_str(payload.get("status")) or ("forced" if payload.get("forced") else "ok"),
+        forced=payload.get("forced") is True,
+        reasons=_reasons(payload.get("reasons")),
+        source=_str(payload.get("source")),
+        predicted=_str(payload.get("predicted")),
+        config=_str(payload.get("config_attn_implementation")),
+        calls=calls,
+        fallback=payload.get("fallback") is True,
+        strategy=_str(payload.get("strategy")),
+        sp=_int(payload.get("sp")),
+    )
+
+
+def failed_role_row(payload: dict[str, Any]) -> AttentionRow | None:
+    """An ``error`` payload of a role that could not load (it names ``role``) as that role's row."""
+    role = _str(payload.get("role"))
+    if not role:
+        return None
+    attempts = [a for a in payload.get("attempts") or [] if isinstance(a, dict)]
+    diagnosis = _dict(payload.get("diagnosis"))
+    summary = _str(diagnosis.get("summary")) or _str(payload.get("message")) or ""
+    reasons = [f"tried {', '.join(str(a.get('implementation')) for a in attempts)}"] if attempts else []
+    if summary:
+        reasons.append(summary)
+    return AttentionRow(role=role, rank=_int(payload.get("rank")),
+                        requested=_str(attempts[0].get("implementation")) if attempts else None, effective=None,
+                        observed=None, status="error", forced=False, reasons=reasons)
+
+
+def _log_entry(seq: int, ts: datetime | None, kind: str, payload: dict[str, Any]) -> LogEntry:
+    diagnosis = _dict(payload.get("diagnosis"))
+    remedy = _dict(diagnosis.get("remedy"))
+    if kind == "fallback":
+        message = f"{_str(payload.get('from')) or '?'} → {_str(payload.get('to')) or '?'}: {_str(payload.get('error')) or ''}"
+    else:
+        message = _str(payload.get("message")) or _str(payload.get("error")) or ""
+    return LogEntry(seq=seq, ts=ts, kind=kind, message=message.strip(), detail=payload,
+                    role=_str(payload.get("role")), rank=_int(payload.get("rank")),
+                    summary=_str(diagnosis.get("summary")), remedy=_str(remedy.get("sentence")))
+
+
+def metric_point(seq: int, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``metric`` payload as a chart point ``{step, seq, values}``; per-rank maps (``peak_memory_mb``)
+    become one value per rank (``peak_memory_mb/rank 0``). None without a step."""
+    step = _int(payload.get("step"))
+    if step is None:
+        return None
+    values = {str(k): v for k, v in _dict(payload.get("values")).items() if _number(v)}
+    for chart in CHARTS:
+        if chart.per_rank:
+            for rank, v in _dict(payload.get(chart.per_rank)).items():
+                if _number(v):
+                    values[rank_key(chart.per_rank, str(rank))] = v
+    return {"step": step, "seq": seq, "values": values}
 
 
 def apply_event(view: RunView, *, seq: int, kind: str, payload: dict[str, Any], ts: datetime | None = None) -> RunView:
@@ -107,55 +276,34 @@ def apply_event(view: RunView, *, seq: int, kind: str, payload: dict[str, Any], 
     view.last_ts = ts or view.last_ts
     payload = payload if isinstance(payload, dict) else {}
     if kind == "status":
-        view.status = _str(payload.get("status")) or view.status
+        view.status = _str(payload.get("state")) or _str(payload.get("status")) or view.status
         view.reason = _str(payload.get("reason"))
         if view.status == "running" and view.started is None:
             view.started = ts
-        total = _int(payload.get("total_steps"))
-        if total:
-            view.total_steps = total
+        view.total_steps = _int(payload.get("total_steps")) or view.total_steps
     elif kind == "metric":
-        step = _int(payload.get("step"))
-        values = payload.get("values")
-        if not isinstance(values, dict):
-            values = {k: v for k, v in payload.items() if k != "step"}
-        numbers = {str(k): v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if step is not None:
-            view.step = max(view.step, step)
-            view.metrics.append({"step": step, "seq": seq, "values": numbers})
+        point = metric_point(seq, payload)
+        if point is not None:
+            view.step = max(view.step, point["step"])
+            view.total_steps = _int(payload.get("total_steps")) or view.total_steps
+            view.metrics.append(point)
             if view.started is None:
                 view.started = ts
     elif kind == "attention":
-        role = _str(payload.get("role")) or "?"
-        rank = _int(payload.get("rank"))
-        reasons = payload.get("reasons") or []
-        view.attention[(role, rank)] = AttentionRow(
-            role=role,
-            rank=rank,
-            requested=_str(payload.get("requested")),
-            effective=_str(payload.get("effective")),
-            observed=_str(payload.get("observed") or payload.get("observed_kernel")),
-            status=_str(payload.get("status")) or ("forced" if payload.get("forced") else "ok"),
-            forced=bool(payload.get("forced")),
-            reasons=[_reason_text(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)],
-        )
+        row = attention_row(payload)
+        view.attention[(row.role, row.rank)] = row
     elif kind == "env_probe":
         view.probe = payload
     elif kind in TROUBLE_KINDS or kind == "log":
-        entry = LogEntry(seq=seq, ts=ts, kind=kind, message=_str(payload.get("message") or payload.get("error") or payload.get("text")) or "",
-                         detail=payload)
+        entry = _log_entry(seq, ts, kind, payload)
         (view.trouble if kind in TROUBLE_KINDS else view.logs).append(entry)
+        failed = failed_role_row(payload) if kind == "error" else None
+        if failed is not None and (failed.role, failed.rank) not in view.attention:
+            view.attention[(failed.role, failed.rank)] = failed
     return view
 
 
-def _reason_text(reason: Any) -> str:
-    if isinstance(reason, dict):
-        rule, text = reason.get("rule"), reason.get("text")
-        return f"{rule}: {text}" if rule else str(text)
-    return str(reason)
-
-
-def fold(events: list[Any], *, total_steps: int | None = None, status: str | None = None) -> RunView:
+def fold(events: Iterable[Any], *, total_steps: int | None = None, status: str | None = None) -> RunView:
     """The view after ``events`` (objects with seq, kind, payload, ts), oldest first."""
     view = RunView(total_steps=total_steps, status=status or "queued")
     for ev in events:
@@ -163,6 +311,81 @@ def fold(events: list[Any], *, total_steps: int | None = None, status: str | Non
     if status:
         view.status = status  # the run row is the authority on the current status
     return view
+
+
+# --------------------------------------------------------------------------------------------
+# Runs list: one badge per role
+
+
+@dataclass(frozen=True)
+class RoleBadge:
+    role: str
+    requested: str | None
+    effective: str | None
+    badge: str
+    ranks: int
+
+
+def role_badges(events: Iterable[tuple[str, dict[str, Any]]]) -> list[RoleBadge]:
+    """Per role, from its ``attention`` and ``error`` events ``(kind, payload)``: what it asked for, what
+    ran, and the worst badge any rank reported (a fallback on one rank is a fallback)."""
+    rows: dict[tuple[str, int | None], AttentionRow] = {}
+    for kind, payload in events:
+        payload = _dict(payload)
+        if kind == "attention":
+            row = attention_row(payload)
+            rows[(row.role, row.rank)] = row
+        elif kind == "error":
+            failed = failed_role_row(payload)
+            if failed is not None:
+                rows.setdefault((failed.role, failed.rank), failed)
+    return badges_of(rows.values())
+
+
+def badges_of(rows: Iterable[AttentionRow]) -> list[RoleBadge]:
+    """One badge per role, the worst its ranks reported, in role order."""
+    by_role: dict[str, list[AttentionRow]] = {}
+    for row in rows:
+        by_role.setdefault(row.role, []).append(row)
+    out = []
+    for role in sorted(by_role, key=lambda r: (_role_index(r), r)):
+        worst = min(by_role[role], key=lambda r: (BADGE_SEVERITY.index(r.badge), r.rank if r.rank is not None else -1))
+        out.append(RoleBadge(role=role, requested=worst.requested, effective=worst.effective, badge=worst.badge,
+                             ranks=len(by_role[role])))
+    return out
+
+
+def eager_settings(badges: Iterable[RoleBadge]) -> list[str]:
+    """The settings (``actor``, ``critic``) a "retry with eager" is offered for: one of their roles fell
+    back or did not load, and it did not end on eager anyway."""
+    wanted = {SETTING_OF[b.role] for b in badges
+              if b.role in SETTING_OF and b.badge in ("fallback", "error") and b.effective != "eager"}
+    return sorted(wanted, key=_role_index)
+
+
+# --------------------------------------------------------------------------------------------
+# Numbers for the compare page
+
+
+def series(view: RunView, keys: Iterable[str]) -> list[tuple[int, float]]:
+    """(step, value) of the first of ``keys`` each point has."""
+    keys = tuple(keys)
+    out = []
+    for point in view.metrics:
+        value = next((point["values"][k] for k in keys if k in point["values"]), None)
+        if value is not None:
+            out.append((point["step"], value))
+    return out
+
+
+def mean_of(view: RunView, key: str) -> float | None:
+    found = [v for _, v in series(view, [key])]
+    return sum(found) / len(found) if found else None
+
+
+def max_of(view: RunView, key: str) -> float | None:
+    found = [v for _, v in series(view, [key])]
+    return max(found) if found else None
 
 
 def format_eta(seconds: float | None) -> str:
@@ -188,8 +411,8 @@ def aligned_series(curves: list[tuple[str, list[tuple[int, float]]]]) -> dict[st
     """Curves with their own steps -> one x axis (the union of steps) and one value list per curve,
     None where a curve has no point (what uPlot draws as a gap)."""
     xs = sorted({step for _, points in curves for step, _ in points})
-    series = []
+    out = []
     for label, points in curves:
         by_step = dict(points)
-        series.append({"label": label, "values": [by_step.get(x) for x in xs]})
-    return {"x": xs, "series": series}
+        out.append({"label": label, "values": [by_step.get(x) for x in xs]})
+    return {"x": xs, "series": out}

@@ -20,7 +20,8 @@ from app import auth_browser
 from app.deps import SessionDep, get_launcher
 from app.errors import AppError, render_error
 from app.models import Run, RunCreate, RunStatus
-from app.run_view import CHARTS, RunView, aligned_series, apply_event, fold, format_eta, spec_differences
+from app.run_view import CHARTS, MAX_MEMORY_MB, REWARD_KEYS, STEP_TIME_S, TOKENS_PER_S, RunView, aligned_series, \
+    apply_event, eager_settings, fold, format_eta, max_of, mean_of, role_badges, series, spec_differences
 from app.services import events as events_service
 from app.services import runs as runs_service
 from app.services import tokens as tokens_service
@@ -294,19 +295,13 @@ def runs_list(request: Request, _: PageUser, session: SessionDep, status: str = 
     page = max(1, page)
     rows, total = runs_service.list_runs(session, status=statuses or None, name=q.strip() or None,
                                          limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
+    events = events_service.attention_events(session, run_ids=[r.id for r in rows if r.id is not None])
+    badges = {run_id: role_badges(found) for run_id, found in events.items()}
     return render(request, "runs.html", {**page_context(request), "runs": rows, "total": total, "page": page,
                                          "pages": max(1, -(-total // PAGE_SIZE)), "status": status, "q": q,
-                                         "statuses": [s.value for s in RunStatus],
-                                         "badges": {r.id: _attention_badges(r) for r in rows}}, block="runs")
-
-
-def _attention_badges(run: Run) -> list[tuple[str, str, str]]:
-    """(role, effective, badge) from the run row's summary; the preview's source when no event yet."""
-    out = []
-    for role, effective in (run.effective_attention or {}).items():
-        summary = effective if isinstance(effective, dict) else {"effective": effective}
-        out.append((role, str(summary.get("effective")), str(summary.get("badge") or summary.get("status") or "ok")))
-    return out
+                                         "statuses": [s.value for s in RunStatus], "badges": badges,
+                                         "eager": {run_id: eager_settings(b) for run_id, b in badges.items()}},
+                  block="runs")
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,11 +323,14 @@ def _load_view(session: Session, run: Run) -> RunView:
 def _run_context(request: Request, session: Session, run: Run) -> dict[str, Any]:
     view = _load_view(session, run)
     return {**page_context(request), "run": run, "view": view, "charts": CHARTS, "eta": format_eta(view.eta_seconds),
-            "critic_fell_back": view.fell_back("critic") and bool(runs_service_spec_has_critic(run))}
+            "eager_roles": eager_roles(run, view)}
 
 
-def runs_service_spec_has_critic(run: Run) -> bool:
-    return (run.spec.get("algorithm") or {}).get("adv_estimator", "gae") == "gae"
+def eager_roles(run: Run, view: RunView) -> list[str]:
+    """The settings a "retry with eager on ..." button is offered for: those whose role fell back or did
+    not load, the critic only when the run trains one (gae)."""
+    has_critic = (run.spec.get("algorithm") or {}).get("adv_estimator", "gae") == "gae"
+    return [role for role in view.eager_retry_roles() if role != "critic" or has_critic]
 
 
 @router.get("/runs/{run_id}")
@@ -342,8 +340,8 @@ def run_page(request: Request, run_id: int, _: PageUser, session: SessionDep) ->
 
 
 STREAM_BLOCKS = {"status": "status", "attention": "attention", "env_probe": "probe", "fallback": "trouble_row",
-                 "error": "trouble_row", "log": "log_row"}
-SSE_NAMES = {"fallback": "trouble", "error": "trouble"}
+                 "error": "trouble_row", "attention_mismatch": "trouble_row", "log": "log_row"}
+SSE_NAMES = {"fallback": "trouble", "error": "trouble", "attention_mismatch": "trouble"}
 POLL_MIN_S, POLL_MAX_S = 0.25, 2.0
 
 
@@ -402,7 +400,7 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
             for ev in batch:
                 apply_event(view, seq=ev.seq, kind=ev.kind, payload=ev.payload, ts=ev.ts)
                 ctx = {**base, "view": view, "eta": format_eta(view.eta_seconds), "entry": None,
-                       "critic_fell_back": view.fell_back("critic") and runs_service_spec_has_critic(run)}
+                       "eager_roles": eager_roles(run, view)}
                 if ev.kind == "metric":
                     yield _sse("status", _block(request, "status", ctx))
                     yield _sse("metric", json.dumps(view.metrics[-1]) if view.metrics else "{}", ev.seq)
@@ -414,6 +412,8 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
                 if name in ("trouble_row", "log_row"):
                     ctx["entry"] = (view.trouble if ev.kind != "log" else view.logs)[-1]
                 yield _sse(SSE_NAMES.get(ev.kind, ev.kind), _block(request, name, ctx), ev.seq)
+                if ev.kind == "error":  # a role that could not load gets its row in the attention table
+                    yield _sse("attention", _block(request, "attention", ctx))
                 if ev.kind in ("fallback", "error", "attention"):
                     yield _sse("actions", _block(request, "actions", ctx))
             if batch:
@@ -460,38 +460,19 @@ async def retry(request: Request, run_id: int, principal: PageUser, session: Ses
 
 
 @router.get("/compare")
-def compare(request: Request, _: PageUser, session: SessionDep, ids: str = "") -> Response:
+def compare(request: Request, _: PageUser, session: SessionDep) -> Response:
+    """``?ids=1,2`` (typed) or ``?ids=1&ids=2`` (the runs list's checkboxes): at most 8 runs."""
+    ids = ",".join(request.query_params.getlist("ids"))
     wanted = [int(x) for x in re.findall(r"\d+", ids)][:8]
     runs = [runs_service.get_run(session, run_id=i) for i in dict.fromkeys(wanted)]
     views = [_load_view(session, r) for r in runs]
     diffs = spec_differences([flatten(r.spec) for r in runs])
-    curves = [(f"#{r.id} {r.name}", [(m["step"], _first(m["values"], "reward|score")) for m in v.metrics
-                                     if _first(m["values"], "reward|score") is not None]) for r, v in zip(runs, views)]
-    summary = [{"run": r, "view": v, "tokens_per_s": _mean(v, "tokens_per_s|tokens/s|throughput"),
-                "step_time": _mean(v, "step_time|time/step"), "peak_memory": _max(v, "mem")} for r, v in zip(runs, views)]
+    curves = [(f"#{r.id} {r.name}", series(v, REWARD_KEYS)) for r, v in zip(runs, views)]
+    summary = [{"run": r, "view": v, "tokens_per_s": mean_of(v, TOKENS_PER_S), "step_time": mean_of(v, STEP_TIME_S),
+                "peak_memory": max_of(v, MAX_MEMORY_MB), "badges": v.role_badges()} for r, v in zip(runs, views)]
     return render(request, "compare.html", {**page_context(request), "runs": runs, "summary": summary, "diffs": diffs,
                                             "reward": aligned_series(curves), "ids": ids,
                                             "recent": runs_service.list_runs(session, limit=20)[0]})
-
-
-def _values(view: RunView, pattern: str) -> list[float]:
-    rx = re.compile(pattern, re.I)
-    return [v for m in view.metrics for k, v in m["values"].items() if rx.search(k)]
-
-
-def _first(values: dict[str, float], pattern: str) -> float | None:
-    rx = re.compile(pattern, re.I)
-    return next((v for k, v in sorted(values.items()) if rx.search(k)), None)
-
-
-def _mean(view: RunView, pattern: str) -> float | None:
-    found = _values(view, pattern)
-    return sum(found) / len(found) if found else None
-
-
-def _max(view: RunView, pattern: str) -> float | None:
-    found = _values(view, pattern)
-    return max(found) if found else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -96,3 +96,19 @@ def events_since(session: Session, *, run_id: int, after_seq: int = 0, limit: in
     ).all()
     return list(rows), run.last_seq
 
+
+
+def attention_events(session: Session, *, run_ids: Sequence[int]) -> dict[int, list[tuple[str, dict]]]:
+    """The ``attention`` and ``error`` events ``(kind, payload)`` of each run in ``run_ids``, oldest first:
+    what the runs list folds into one attention badge per role (``app.run_view.role_badges``)."""
+    out: dict[int, list[tuple[str, dict]]] = {run_id: [] for run_id in run_ids}
+    if not run_ids:
+        return out
+    rows = session.exec(
+        select(Event.run_id, Event.kind, Event.payload)
+        .where(col(Event.run_id).in_(list(run_ids)), col(Event.kind).in_([EventKind.attention.value, EventKind.error.value]))
+        .order_by(col(Event.run_id), col(Event.seq))
+    ).all()
+    for run_id, kind, payload in rows:
+        out[run_id].append((kind, payload))
+    return out

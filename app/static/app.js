@@ -57,9 +57,10 @@
     el.setAttribute("data-points", String(x.length));
   }
 
-  /* Live charts: every metric key matching a chart's data-match pattern is one line on it. */
+  /* Live charts: each chart draws the metric names in its data-keys (JSON list), in that order, plus
+     every per-rank value whose name starts with its data-per-rank ("peak_memory_mb/rank "). */
   function LiveCharts(root, points) {
-    this.charts = Array.prototype.slice.call(root.querySelectorAll(".chart[data-match]"));
+    this.charts = Array.prototype.slice.call(root.querySelectorAll(".chart[data-keys]"));
     this.rows = [];
     this.steps = {};
     for (var i = 0; i < points.length; i++) this.add(points[i], true);
@@ -72,19 +73,25 @@
     this.rows.sort(function (a, b) { return a.step - b.step; });
     if (!quiet) this.draw();
   };
+  function chartKeys(el, rows) {
+    var wanted = [];
+    try { wanted = JSON.parse(el.getAttribute("data-keys") || "[]"); } catch (e) { wanted = []; }
+    var prefix = el.getAttribute("data-per-rank");
+    var present = {};
+    rows.forEach(function (r) {
+      Object.keys(r.values || {}).forEach(function (k) { if (typeof r.values[k] === "number") present[k] = true; });
+    });
+    var keys = wanted.filter(function (k) { return present[k]; });
+    if (prefix) {
+      keys = keys.concat(Object.keys(present).filter(function (k) { return k.indexOf(prefix) === 0; }).sort());
+    }
+    return keys;
+  }
   LiveCharts.prototype.draw = function () {
     var rows = this.rows;
     var x = rows.map(function (r) { return r.step; });
     this.charts.forEach(function (el) {
-      var pattern = new RegExp(el.getAttribute("data-match"), "i");
-      var keys = [];
-      rows.forEach(function (r) {
-        Object.keys(r.values || {}).forEach(function (k) {
-          if (pattern.test(k) && keys.indexOf(k) < 0 && typeof r.values[k] === "number") keys.push(k);
-        });
-      });
-      keys.sort();
-      plot(el, x, keys.map(function (k) {
+      plot(el, x, chartKeys(el, rows).map(function (k) {
         return { label: k, values: rows.map(function (r) { var v = r.values[k]; return typeof v === "number" ? v : null; }) };
       }));
     });

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from bs4 import BeautifulSoup
@@ -9,10 +11,12 @@ from sqlmodel import Session
 
 from app.models import EventCreate, RunCreate
 from app.services.events import append_events
+from app.services.pump import to_event_create
 from app.services.runs import create_run
 from app.services.tokens import create_token
 from tests.app.factories import tiny_spec
 
+ENGINE_EVENTS = Path(__file__).resolve().parents[1] / "fixtures" / "engine_events.json"
 XSS_NAME = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 
 
@@ -46,25 +50,35 @@ def stored_run(session: Session, *, name: str = "run", events: list[tuple[str, d
     return run.id
 
 
-def succeeded_events(steps: int = 3, *, fallback_critic: bool = False) -> list[tuple[str, dict[str, Any]]]:
-    events: list[tuple[str, dict[str, Any]]] = [
-        ("status", {"status": "starting"}),
-        ("env_probe", {"device": "cpu", "torch": "2.13.0", "transformers": "5.24.0", "flash_attn": None}),
-        ("status", {"status": "running"}),
-        ("attention", {"role": "actor", "rank": 0, "requested": "sdpa", "effective": "sdpa", "observed": "sdpa",
-                       "status": "ok", "forced": False, "reasons": [{"rule": "override", "text": "requested sdpa"}]}),
-    ]
-    if fallback_critic:
-        events += [
-            ("fallback", {"role": "critic", "from": "flash_attention_2", "to": "sdpa",
-                          "message": "FlashAttention2 has been toggled on, but it cannot be used"}),
-            ("attention", {"role": "critic", "rank": 0, "requested": "flash_attention_2", "effective": "sdpa",
-                           "observed": "sdpa", "status": "fallback", "forced": False,
-                           "reasons": [{"rule": "fallback-step", "text": "flash_attention_2 -> sdpa"}]}),
-        ]
-    for step in range(1, steps + 1):
-        events.append(("metric", {"step": step, "values": {"reward/mean": 0.1 * step, "actor/kl": 0.01 * step,
-                                                           "actor/pg_loss": 1.0 / step, "perf/tokens_per_s": 100.0 + step,
-                                                           "perf/peak_memory_mb": 50.0, "perf/step_time": 0.5}}))
-    events.append(("status", {"status": "succeeded"}))
-    return events
+def engine_events(run: str = "succeeded", *, steps: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The events ``(kind, payload)`` of a real engine run as the pump stores them
+    (``to_event_create``). Runs captured by ``tests/fixtures/capture_engine_events.py`` (2 ranks,
+    2 steps): ``succeeded`` (sdpa everywhere), ``critic_fallback`` (flash_attention_2 on the critic
+    falls back to sdpa), ``critic_strict`` (the same under strict: the run fails).
+
+    ``steps`` stretches the run to that many steps by repeating its real metric payloads (step and
+    total_steps renumbered), for charts and progress with more points.
+    """
+    captured = json.loads(ENGINE_EVENTS.read_text())[run]
+    metrics = [e for e in captured if e["kind"] == "metric"]
+    if steps is not None:
+        if not metrics:
+            raise ValueError(f"run {run!r} has no metric events to repeat; runs with metrics: succeeded, critic_fallback")
+        first = captured.index(metrics[0])
+        tail = [e for e in captured[first:] if e["kind"] != "metric"]
+        stretched = [{**metrics[i % len(metrics)],
+                      "payload": {**metrics[i % len(metrics)]["payload"], "step": i + 1, "total_steps": steps}}
+                     for i in range(steps)]
+        captured = [_with_total(e, steps) for e in captured[:first]] + stretched + tail
+    out = []
+    for seq, event in enumerate(captured, start=1):
+        stored = to_event_create({**event, "seq": seq})
+        out.append((stored.kind.value, stored.payload))
+    return out
+
+
+def _with_total(event: dict[str, Any], steps: int) -> dict[str, Any]:
+    payload = event["payload"]
+    if event["kind"] == "status" and "total_steps" in payload:
+        return {**event, "payload": {**payload, "total_steps": steps}}
+    return event

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from app.run_form import FIELDS
 from app.web import CONTENT_SECURITY_POLICY
-from tests.app.pages_support import XSS_NAME, csrf_of, login, soup, stored_run, succeeded_events
+from tests.app.pages_support import XSS_NAME, csrf_of, engine_events, login, soup, stored_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -139,7 +140,7 @@ def test_export_command_and_yaml_of_the_current_form(client):
 
 
 def test_every_page_has_the_csp_and_no_inline_script(client, session):
-    run_id = stored_run(session, name="x", events=succeeded_events())
+    run_id = stored_run(session, name="x", events=engine_events())
     for url in ("/", "/runs/new", "/login", f"/runs/{run_id}", f"/compare?ids={run_id}"):
         resp = client.get(url)
         assert resp.status_code == 200, url
@@ -202,7 +203,7 @@ def test_bad_token_login_is_refused(client):
 
 
 def test_xss_run_name_renders_as_text(client, session):
-    run_id = stored_run(session, name=XSS_NAME, events=succeeded_events())
+    run_id = stored_run(session, name=XSS_NAME, events=engine_events())
     for url in ("/", f"/runs/{run_id}", f"/compare?ids={run_id}"):
         page = soup(client.get(url).text)
         assert not page.select("img[onerror]"), url
@@ -215,32 +216,82 @@ def test_xss_run_name_renders_as_text(client, session):
 # Runs list, live page, stream, compare
 
 
+def role_badges_of(row) -> dict[str, tuple[str, str]]:
+    """Per role in a runs-list row: (the badge's data, the text it shows)."""
+    return {span["data-role"]: (span["data-badge"], span.get_text(" ", strip=True)) for span in row.select(".role-badge")}
+
+
 def test_list_shows_status_and_effective_attention(client, session):
-    run_id = stored_run(session, name="listed", events=succeeded_events())
+    run_id = stored_run(session, name="listed", events=engine_events())
     row = soup(client.get("/").text).select_one(f"tr[data-run='{run_id}']")
     assert row.select_one(".badge-succeeded").get_text(strip=True).endswith("succeeded")
-    assert "actor sdpa" in row.get_text(" ", strip=True)
+    assert role_badges_of(row)["actor"] == ("override", "actor sdpa override")
     fragment = client.get("/", params={"status": "failed"}, headers={"HX-Request": "true"}).text
     assert not soup(fragment).select(f"tr[data-run='{run_id}']")
 
 
+@pytest.mark.parametrize("run,critic,roles", [
+    ("critic_fallback", ("fallback", "critic flash_attention_2 → sdpa ↓ fallback"),
+     ["actor", "rollout", "reference", "critic"]),
+    ("critic_strict", ("error", "critic flash_attention_2 → none ✕ error"), ["critic"]),  # stopped before any report
+])
+def test_list_shows_a_critic_that_fell_back_or_failed_as_such(client, session, run, critic, roles):
+    """Not "ok": the badge says what happened, in colour (its class) and in words."""
+    csrf = login(client, session, ["read", "write"])
+    run_id = stored_run(session, name=run, events=engine_events(run))
+    row = soup(client.get("/").text).select_one(f"tr[data-run='{run_id}']")
+    badges = role_badges_of(row)
+    assert badges["critic"] == critic
+    assert row.select_one(f".role-badge[data-role='critic'] .badge-{critic[0]}") is not None
+    assert list(badges) == roles
+    retry = row.select_one("td.quick form input[name='eager_on'][value='critic']").parent
+    assert retry["action"] == f"/runs/{run_id}/retry" and retry.select_one("input[name='csrf_token']")["value"] == csrf
+
+
+def test_list_quick_links_need_write(client, session):
+    run_id = stored_run(session, name="anyone", events=engine_events("critic_fallback"))
+    login(client, session, ["read"])
+    row = soup(client.get("/").text).select_one(f"tr[data-run='{run_id}']")
+    assert row.select("td.quick form") == []
+
+
 def test_live_page_of_a_finished_run(client, session):
-    run_id = stored_run(session, name="done", events=succeeded_events(fallback_critic=True))
+    run_id = stored_run(session, name="done", events=engine_events("critic_fallback"))
     page = soup(client.get(f"/runs/{run_id}").text)
     assert page.select_one("#status")["data-status"] == "succeeded"
     assert page.select_one("#progress-bar")["value"] == "100"
     assert page.select_one("#live").get("sse-connect") is None, "a finished run opens no stream"
-    critic = page.select_one("#attention tr[data-role='critic']")
+    critic = page.select_one("#attention tr[data-role='critic'][data-rank='0']")
     assert critic.select_one(".badge").get_text(strip=True).endswith("fallback")
-    assert "flash_attention_2" in page.select_one("#trouble li.kind-fallback").get_text()
+    assert critic.select_one("td.effective").get_text(" ", strip=True) == "flash_attention_2 → sdpa"
+    assert critic.select_one("td.observed").get_text(" ", strip=True) == "sdpa (sdpa ×2)"
+    entry = page.select_one("#trouble li.kind-fallback")
+    assert entry.select_one(".summary").get_text() == "flash_attention_2 requested but flash-attn is not installed"
+    assert "FlashAttention2 has been toggled on" in entry.select_one(".message").get_text()
+    assert "Remedy:" in entry.select_one(".remedy").get_text()
     assert page.select_one("form[action$='/retry'] input[name='eager_on'][value='critic']") is not None
-    points = page.select_one("#metric-points").string
-    assert re.search(r'"step":3', points)
+    points = json.loads(page.select_one("#metric-points").string)
+    assert [p["step"] for p in points] == [1, 2]
+    assert {"critic/rewards/mean", "perf/tokens_per_s", "peak_memory_mb/rank 1"} <= set(points[0]["values"])
+    charts = {f["id"]: json.loads(f["data-keys"]) for f in page.select("figure.chart")}
+    assert charts["chart-reward"] == ["critic/rewards/mean", "critic/score/mean"]
+
+
+def test_live_page_of_a_role_that_did_not_load(client, session):
+    run_id = stored_run(session, name="strict", events=engine_events("critic_strict"))
+    page = soup(client.get(f"/runs/{run_id}").text)
+    assert page.select_one("#status")["data-status"] == "failed"
+    critic = page.select_one("#attention tr[data-role='critic']")
+    assert critic.select_one(".badge").get_text(strip=True).endswith("error")
+    assert "did not load" in critic.select_one("td.effective").get_text()
+    assert page.select_one("#trouble li.kind-error .summary").get_text() == \
+        "flash_attention_2 requested but flash-attn is not installed"
+    assert [b.get_text(strip=True) for b in page.select("#actions button")] == ["Retry", "Retry with eager on the critic"]
 
 
 def test_retry_with_eager_on_the_critic(client, session):
     login(client, session, ["read", "write"])
-    run_id = stored_run(session, name="fell back", events=succeeded_events(fallback_critic=True))
+    run_id = stored_run(session, name="fell back", events=engine_events("critic_fallback"))
     page = client.get(f"/runs/{run_id}").text
     resp = client.post(f"/runs/{run_id}/retry", data={"eager_on": "critic", "csrf_token": csrf_of(page)},
                        follow_redirects=False)
@@ -263,7 +314,7 @@ def parse_sse(text: str) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("resume", [0, 4, 9])
 def test_stream_resumes_after_last_event_id_without_repeats(client, session, resume):
-    events = succeeded_events(steps=5)
+    events = engine_events(steps=5)
     run_id = stored_run(session, name="streamed", events=events)
     resp = client.get(f"/runs/{run_id}/stream", headers={"Last-Event-ID": str(resume)})
     assert resp.headers["content-type"].startswith("text/event-stream")
@@ -274,10 +325,20 @@ def test_stream_resumes_after_last_event_id_without_repeats(client, session, res
 
 
 def test_compare_shows_differences_and_one_reward_chart(client, session):
-    a = stored_run(session, name="a", events=succeeded_events(steps=3))
-    b = stored_run(session, name="b", events=succeeded_events(steps=2), **{"actor_rollout_ref.actor.clip_ratio": 0.3})
+    a = stored_run(session, name="a", events=engine_events(steps=3))
+    b = stored_run(session, name="b", events=engine_events(steps=2), **{"actor_rollout_ref.actor.clip_ratio": 0.3})
     page = soup(client.get("/compare", params={"ids": f"{a},{b}"}).text)
     diff_keys = [th.get_text(strip=True) for th in page.select("table.diffs tbody th")]
     assert diff_keys == ["actor_rollout_ref.actor.clip_ratio"]
     assert len(page.select("table.compare tbody tr")) == 2
     assert '"x":[1,2,3]' in page.select_one("#reward-data").string
+    critic = page.select_one(f"table.compare tr[data-run='{a}'] .role-badge[data-role='critic']")
+    assert critic["data-badge"] == "override"
+    assert page.select_one(f"table.compare tr[data-run='{a}'] td.num").get_text() != "—"
+
+
+def test_compare_takes_the_lists_checkboxes(client, session):
+    a = stored_run(session, name="a", events=engine_events())
+    b = stored_run(session, name="b", events=engine_events("critic_fallback"))
+    page = soup(client.get(f"/compare?ids={a}&ids={b}").text)
+    assert [tr["data-run"] for tr in page.select("table.compare tbody tr")] == [str(a), str(b)]

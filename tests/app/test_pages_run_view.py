@@ -1,7 +1,9 @@
-"""The live page's fold of events: pure, replay-safe, and the same however the stream is cut."""
+"""The live page's fold of events: pure, replay-safe, the same however the stream is cut, and reading
+exactly the payloads the engine emits (real runs in tests/fixtures/engine_events.json)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -10,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.run_view import aligned_series, apply_event, fold, format_eta, spec_differences
-from tests.app.pages_support import succeeded_events
+from app.run_view import (BADGE_SEVERITY, CHARTS, aligned_series, apply_event, eager_settings, fold, format_eta,
+                          max_of, mean_of, metric_point, rank_key, role_badges, series, spec_differences)
+from tests.app.pages_support import ENGINE_EVENTS, engine_events
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -24,14 +27,14 @@ class Ev:
     ts: datetime
 
 
-def events(n_steps: int = 5) -> list[Ev]:
+def events(run: str = "critic_fallback", steps: int | None = None) -> list[Ev]:
     return [Ev(i + 1, kind, payload, T0 + timedelta(seconds=i)) for i, (kind, payload) in
-            enumerate(succeeded_events(steps=n_steps, fallback_critic=True))]
+            enumerate(engine_events(run, steps=steps))]
 
 
-@given(cuts=st.lists(st.integers(min_value=0, max_value=12), max_size=6))
+@given(cuts=st.lists(st.integers(min_value=0, max_value=22), max_size=6))
 def test_resuming_at_any_seq_folds_to_the_same_view(cuts):
-    evs = events()
+    evs = events(steps=3)
     once = fold(evs)
     view = fold([])
     pos = 0
@@ -43,18 +46,80 @@ def test_resuming_at_any_seq_folds_to_the_same_view(cuts):
     assert view == once
 
 
-def test_fold_reads_the_contract():
-    view = fold(events(4), total_steps=4)
-    assert (view.status, view.step, view.fraction, view.last_seq) == ("succeeded", 4, 1.0, 11)
-    assert [m["step"] for m in view.metrics] == [1, 2, 3, 4]
-    assert [(r.role, r.status) for r in view.attention_rows()] == [("actor", "ok"), ("critic", "fallback")]
-    assert view.fell_back("critic") and not view.fell_back("actor")
-    assert [e.kind for e in view.trouble] == ["fallback"]
+def test_a_run_that_succeeded():
+    view = fold(events("succeeded"))
+    assert (view.status, view.step, view.total_steps, view.fraction) == ("succeeded", 2, 2, 1.0)
+    rows = view.attention_rows()
+    assert [(r.role, r.rank) for r in rows] == [(role, rank) for role in ("actor", "rollout", "reference", "critic")
+                                                for rank in (0, 1)]
+    assert {(r.requested, r.effective, r.observed, r.badge) for r in rows} == {("sdpa", "sdpa", "sdpa", "override")}
+    assert rows[0].calls == {"sdpa": 2} and rows[0].strategy == "fsdp2" and rows[0].sp == 1
+    assert not any(r.disagrees for r in rows)
+    assert view.trouble == [] and view.eager_retry_roles() == []
+    assert view.logs[0].message.startswith("2 rank workers up")
+    assert view.probe is not None and view.probe["torch_version"] == "2.13.0"
+
+
+def test_a_critic_that_fell_back():
+    view = fold(events("critic_fallback"))
+    critic = [r for r in view.attention_rows() if r.role == "critic"]
+    assert [(r.rank, r.requested, r.effective, r.badge) for r in critic] == [
+        (0, "flash_attention_2", "sdpa", "fallback"), (1, "flash_attention_2", "sdpa", "fallback")]
+    assert "fallback-step: fallback policy: trying sdpa next." in critic[0].reasons
+    assert [(e.kind, e.role, e.rank) for e in view.trouble] == [("fallback", "critic", 0), ("fallback", "critic", 1)]
+    entry = view.trouble[0]
+    assert entry.message.startswith("flash_attention_2 → sdpa: ImportError: FlashAttention2 has been toggled on")
+    assert entry.summary == "flash_attention_2 requested but flash-attn is not installed"
+    assert entry.remedy and "critic.model.override_config.attn_implementation" in entry.remedy
+    assert view.eager_retry_roles() == ["critic"] and view.fell_back("critic") and not view.fell_back("actor")
+    assert [(b.role, b.badge) for b in view.role_badges()] == [
+        ("actor", "override"), ("rollout", "override"), ("reference", "override"), ("critic", "fallback")]
+
+
+def test_a_critic_that_did_not_load_under_strict():
+    view = fold(events("critic_strict"))
+    assert view.status == "failed" and view.metrics == []
+    assert view.reason and view.reason.startswith("[critic] rank 1: ImportError")
+    critic = [r for r in view.attention_rows() if r.role == "critic"]
+    assert [(r.rank, r.requested, r.effective, r.badge) for r in critic] == [(1, "flash_attention_2", None, "error")]
+    assert critic[0].reasons == ["tried flash_attention_2", "flash_attention_2 requested but flash-attn is not installed"]
+    assert [e.kind for e in view.trouble] == ["error"] and view.eager_retry_roles() == ["critic"]
+
+
+def test_the_status_is_read_from_the_engines_state_field():
+    """The worker's own payload names the state ``state``; the pump adds ``status``; either folds."""
+    raw = json.loads(ENGINE_EVENTS.read_text())["succeeded"]
+    view = fold([Ev(e["seq"], e["kind"], e["payload"], T0) for e in raw])
+    assert "status" not in raw[-1]["payload"] and view.status == "succeeded"
+
+
+def test_every_chart_series_is_a_metric_the_engine_reports():
+    """The charts name the engine's metrics exactly: a renamed metric fails here, not on an empty chart."""
+    metric = next(p for k, p in engine_events("succeeded") if k == "metric")
+    point = metric_point(1, metric)
+    assert point is not None
+    for chart in CHARTS:
+        assert any(key in metric["values"] for key in chart.keys), f"{chart.id}: none of {chart.keys} reported"
+        if chart.per_rank:
+            assert set(metric[chart.per_rank]) == {"0", "1"}
+            assert {rank_key(chart.per_rank, r) for r in ("0", "1")} <= set(point["values"])
+
+
+def test_compare_numbers_from_the_engine_metrics():
+    view = fold(events("succeeded"))
+    values = [p for k, p in engine_events("succeeded") if k == "metric"]
+    tokens = [v["values"]["perf/tokens_per_s"] for v in values]
+    assert mean_of(view, "perf/tokens_per_s") == pytest.approx(sum(tokens) / 2)
+    assert max_of(view, "perf/max_memory_mb") == max(v["values"]["perf/max_memory_mb"] for v in values)
+    assert series(view, ("critic/rewards/mean",)) == [(1, values[0]["values"]["critic/rewards/mean"]),
+                                                      (2, values[1]["values"]["critic/rewards/mean"])]
+    assert mean_of(view, "no/such_metric") is None
 
 
 def test_eta_is_pace_times_steps_left():
-    evs = [Ev(1, "status", {"status": "running"}, T0), Ev(2, "metric", {"step": 2, "values": {}}, T0 + timedelta(seconds=10))]
-    view = fold(evs, total_steps=6)
+    evs = [Ev(1, "status", {"state": "running", "total_steps": 6}, T0),
+           Ev(2, "metric", {"step": 2, "total_steps": 6, "values": {}}, T0 + timedelta(seconds=10))]
+    view = fold(evs)
     assert view.eta_seconds == pytest.approx(20.0)
     assert format_eta(view.eta_seconds) == "20 s"
 
@@ -66,8 +131,55 @@ def test_format_eta(seconds, text):
 
 def test_malformed_payloads_are_shown_as_absent():
     view = fold([Ev(1, "metric", {"step": "x", "values": {"a": "y"}}, T0), Ev(2, "attention", {"role": 3}, T0),
-                 Ev(3, "status", "not a dict", T0)])  # type: ignore[arg-type]
+                 Ev(3, "status", "not a dict", T0), Ev(4, "fallback", {"from": None, "diagnosis": "x"}, T0)])  # type: ignore[arg-type]
     assert view.metrics == [] and view.attention_rows()[0].role == "3" and view.status == "queued"
+    assert view.trouble[0].summary is None and view.trouble[0].role is None
+
+
+def attention(role: str, rank: int, *, source: str = "override", status: str = "ok", forced: bool = False,
+              fallback: bool = False, effective: str = "sdpa") -> tuple[str, dict[str, Any]]:
+    return ("attention", {"role": role, "rank": rank, "requested": "flash_attention_2", "source": source,
+                          "effective": effective, "status": status, "forced": forced, "fallback": fallback})
+
+
+@pytest.mark.parametrize("payloads,expected", [
+    ([attention("critic", 0), attention("critic", 1)], [("critic", "override", "sdpa")]),
+    ([attention("actor", 0, source="default")], [("actor", "default", "sdpa")]),
+    ([attention("critic", 0), attention("critic", 1, status="fallback", fallback=True)], [("critic", "fallback", "sdpa")]),
+    ([attention("actor", 0, status="forced", forced=True, effective="eager")], [("actor", "forced", "eager")]),
+    ([attention("critic", 0), ("error", {"role": "critic", "rank": 1, "message": "boom",
+                                         "attempts": [{"implementation": "flash_attention_2"}]})],
+     [("critic", "error", None)]),
+    ([("error", {"message": "ResourceError: no CPUs"})], []),
+    ([attention("critic", 0), attention("actor", 0, source="default")],
+     [("actor", "default", "sdpa"), ("critic", "override", "sdpa")]),
+])
+def test_role_badges_show_the_worst_rank(payloads, expected):
+    assert [(b.role, b.badge, b.effective) for b in role_badges(payloads)] == expected
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["ok", "forced", "fallback"]), st.booleans()),
+                min_size=1, max_size=8, unique_by=lambda t: t[0]), st.randoms())
+def test_a_role_badge_is_the_worst_of_its_ranks_in_any_order(ranks, rnd):
+    payloads = [attention("critic", rank, status=status, forced=status == "forced", fallback=status == "fallback",
+                          source="default" if default else "override") for rank, status, default in ranks]
+    rnd.shuffle(payloads)
+    badges = {b for _, status, default in ranks for b in
+              [status if status != "ok" else ("default" if default else "override")]}
+    (found,) = role_badges(payloads)
+    assert found.badge == min(badges, key=BADGE_SEVERITY.index) and found.ranks == len(ranks)
+
+
+@pytest.mark.parametrize("badges,expected", [
+    ([("critic", "fallback", "sdpa"), ("actor", "override", "sdpa")], ["critic"]),
+    ([("rollout", "error", None), ("critic", "error", None)], ["actor", "critic"]),
+    ([("critic", "fallback", "eager")], []),
+    ([("actor", "forced", "eager")], []),
+])
+def test_eager_retry_is_offered_for_the_setting_that_failed(badges, expected):
+    found = role_badges([attention(role, 0, status=b, fallback=b == "fallback", effective=e) if b != "error" else
+                         ("error", {"role": role, "rank": 0, "message": "x"}) for role, b, e in badges])
+    assert eager_settings(found) == expected
 
 
 def test_spec_differences_and_aligned_series():

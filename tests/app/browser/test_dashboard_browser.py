@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlmodel import Session
 
-from tests.app.pages_support import XSS_NAME, stored_run, succeeded_events
+from tests.app.pages_support import XSS_NAME, engine_events, stored_run
 
 pytestmark = pytest.mark.browser
 
@@ -143,8 +143,8 @@ def test_import_seed_critic_command_fills_the_form(page, server):
 
 def test_list_live_and_compare_pages(page, server, db):
     base, _ = server
-    xss = stored_run(db, name=XSS_NAME, events=succeeded_events(steps=6))
-    fell = stored_run(db, name="critic fell back to sdpa", events=succeeded_events(steps=8, fallback_critic=True),
+    xss = stored_run(db, name=XSS_NAME, events=engine_events(steps=6))
+    fell = stored_run(db, name="critic fell back to sdpa", events=engine_events("critic_fallback", steps=8),
                       **{"attnboard.fallback_policy": "fallback", "trainer.total_training_steps": 8})
     page.goto(base + "/")
     assert page.locator(f"tr[data-run='{xss}'] td.name a").inner_text() == XSS_NAME
