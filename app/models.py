@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from enum import Enum
 from typing import Annotated, Any, Literal
 
 from pydantic_core import PydanticCustomError
 from pydantic import AfterValidator, BaseModel, ConfigDict, computed_field, model_validator
 from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
+
+from worker.contract import Kind, RunState
 
 # Constraint names that are the same on SQLite and PostgreSQL, so migrations can refer to them.
 SQLModel.metadata.naming_convention = {
@@ -152,13 +153,8 @@ class SpecsPublic(BaseModel):
 # Runs
 
 
-class RunStatus(str, Enum):
-    queued = "queued"
-    starting = "starting"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
+RunStatus = RunState
+"""The run states of PRODUCT.md's contract, one definition shared with the worker (``worker.contract``)."""
 
 
 TERMINAL_STATUSES = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled})
@@ -274,15 +270,8 @@ class RunWaitPublic(BaseModel):
 # Events: the contract in PRODUCT.md, (run_id, seq, ts, kind, payload), seq contiguous from 1.
 
 
-class EventKind(str, Enum):
-    status = "status"
-    env_probe = "env_probe"
-    attention = "attention"
-    fallback = "fallback"
-    attention_mismatch = "attention_mismatch"
-    metric = "metric"
-    log = "log"
-    error = "error"
+EventKind = Kind
+"""Event kinds of PRODUCT.md's contract, shared with the worker (``worker.contract``)."""
 
 
 class EventBase(SQLModel):

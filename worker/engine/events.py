@@ -31,31 +31,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from enum import Enum
 from typing import Any
 
 
-class Kind(str, Enum):
-    status = "status"
-    env_probe = "env_probe"
-    attention = "attention"
-    fallback = "fallback"
-    attention_mismatch = "attention_mismatch"
-    metric = "metric"
-    log = "log"
-    error = "error"
+# The contract lives in worker.contract (shared with the app); re-exported here for the engine.
+from worker.contract import TERMINAL, Kind, RunState  # noqa: E402
 
-
-class RunState(str, Enum):
-    queued = "queued"
-    starting = "starting"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
-
-
-TERMINAL = frozenset({RunState.succeeded.value, RunState.failed.value, RunState.cancelled.value})
+__all__ = ["TERMINAL", "Event", "EventLog", "Kind", "RunState"]
 
 Event = dict[str, Any]
 
