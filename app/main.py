@@ -28,6 +28,7 @@ from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
 from app.services.ray_launcher import ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
+from app.services import trials as trials_service
 
 log = logging.getLogger("attnboard")
 
@@ -45,6 +46,8 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if migrate:
             run_migrations(settings.DATABASE_URL)
+        with Session(app.state.engine) as session:
+            trials_service.fail_orphaned_trials(session)
         app.state.run_changes.bind(asyncio.get_running_loop())
         # On the main thread (blocking start-up and shutdown is fine): Ray's driver wants its signal handlers
         # there and aborts the process when it is shut down from another thread.

@@ -79,6 +79,21 @@ def list_trials(session: Session, *, ids: Sequence[int] | None = None, limit: in
 # Execute
 
 
+ORPHANED = "the app stopped while this trial ran (trials run inside the app process); start it again"
+
+
+def fail_orphaned_trials(session: Session) -> int:
+    """At start-up no trial of this process runs yet: mark those a previous process left queued or running
+    as failed with the cause, so no trial stays non-terminal forever. Returns how many."""
+    rows = session.exec(select(Trial).where(col(Trial.status).in_([TrialStatus.queued.value,
+                                                                    TrialStatus.running.value]))).all()
+    for trial in rows:
+        trial.status, trial.error, trial.finished_at = TrialStatus.failed.value, ORPHANED, utcnow()
+        session.add(trial)
+    session.commit()
+    return len(rows)
+
+
 def connect_local_ray() -> None:
     """Join Ray when no Ray launcher is attached: a local instance of this process's own."""
     import ray

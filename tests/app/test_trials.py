@@ -152,3 +152,33 @@ def test_cpu_trial_through_the_api(client, write_headers, db_backend, ray_local)
     assert "ms per step" in result.recommendation.reason
     page = soup(client.get(f"/trials/{trial_id}").text)
     assert page.select_one("p.recommendation")["data-recommended"] == result.recommendation.implementation
+
+
+def test_trials_a_stopped_app_left_running_end_failed_at_start_up(db_url):
+    """No trial stays non-terminal after the process that ran it is gone."""
+    from sqlmodel import Session
+
+    from app.db import make_engine
+    from app.main import create_app
+    from app.models_troubleshooting import Trial, TrialStatus
+    from app.services.trials import ORPHANED
+    from fastapi.testclient import TestClient
+
+    from tests.app.factories import tiny_spec
+
+    engine = make_engine(db_url)
+    with Session(engine) as session:
+        rows = [Trial(name=f"t{i}", status=s, spec=tiny_spec(), implementations=["eager"], steps=1, author="test")
+                for i, s in enumerate([TrialStatus.queued.value, TrialStatus.running.value, TrialStatus.succeeded.value])]
+        session.add_all(rows)
+        session.commit()
+        ids = [r.id for r in rows]
+    from app.core.config import Settings
+
+    with TestClient(create_app(Settings(DATABASE_URL=db_url))):
+        pass
+    with Session(engine) as session:
+        statuses = [(session.get(Trial, i).status, session.get(Trial, i).error) for i in ids]
+    engine.dispose()
+    assert statuses[:2] == [(TrialStatus.failed.value, ORPHANED)] * 2
+    assert statuses[2][0] == TrialStatus.succeeded.value
