@@ -180,17 +180,22 @@ def run_trl(side: Side, *, steps: int, response_length: int, folder: Path, out_d
 
 
 def machine() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
     import transformers
-    import trl
 
+    try:
+        trl = version("trl")
+    except PackageNotFoundError:
+        trl = "not installed"
     cpu = platform.machine()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
     return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
+            "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl}
 
 
 def _row(side: Side) -> str:

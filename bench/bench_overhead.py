@@ -1,0 +1,342 @@
+"""Overhead: one PPO step of the engine against the sum of its isolated passes in plain torch, same shapes.
+
+    .venv/bin/python bench/bench_overhead.py [--steps 3] [--rounds 2] [--response-length 16]
+                                             [--out bench/results/overhead.md]
+
+The problem is bench_trl.py's: ``builtin:tiny-llama``, fp32, sdpa, CPU, one torch thread; 32 sequences a
+step (8 ``builtin:count`` prompts x 4 samples, prompts of 14 tokens), ``--response-length`` sampled tokens;
+1 PPO epoch, 1 mini-batch of 32, micro-batches of 2, AdamW.
+
+Four things are timed alternately in one run (engine run, then plain, in-process, in-process + FSDP2, ...):
+
+- engine: ``run_spec`` with ``trainer.n_gpus_per_node=1`` (one Ray rank actor, FSDP2 over a world of 1);
+  a step is the time between two consecutive ``metric`` events (the first step of a run is a warm-up);
+- plain torch, each part timed on its own and summed: a sampling loop with the HF model's KV cache
+  (``--response-length`` tokens, softmax + multinomial), one no-grad forward over the 32 whole sequences
+  each for the old log-probs (actor), the reference log-probs and the values (critic), and per trained
+  model 16 micro-batch forward+backward passes of the clipped PPO loss followed by one AdamW step;
+- in-process: the engine's own compute functions (``worker.engine.compute``: ``generate``,
+  ``policy_forward``, ``value_forward``, ``update_actor``, ``update_critic``) on the same plain modules, then
+  on modules wrapped with FSDP2 over a world of 1 (the engine's layout), in this process, no Ray. They split
+  the overhead into factors: the compute code over plain torch, FSDP2 over unwrapped modules, and Ray
+  dispatch plus the controller's own work (rule reward, GAE, metrics, events) over the in-process FSDP2 step.
+
+ratio = engine step time / sum of the plain parts (medians). Target: at most 1.25x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling bench module
+from bench_trl import MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, WORK, LR, Side, machine, run_attnboard  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("generate", "log-probs (old, ref, values)", "actor update", "critic update")
+CLIP = 0.2
+
+
+def fsdp2_world_1(module: torch.nn.Module) -> torch.nn.Module:
+    """The engine's FSDP2 layout (``RankWorker._shard``: each decoder layer, then the root) over a world of 1."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in module.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    return module
+
+
+class Models:
+    """Fresh HF modules from the preset folder: actor (trained), reference, critic (trained); plain, or
+    wrapped as the engine wraps them (``fsdp=True``, needs a process group)."""
+
+    def __init__(self, folder: Path, *, fsdp: bool = False):
+        from worker import models
+
+        wrap = fsdp2_world_1 if fsdp else (lambda module: module)
+        self.actor = wrap(models.load_causal_lm(folder, models.build_config(folder, {}, "sdpa")))
+        self.ref = wrap(models.load_causal_lm(folder, models.build_config(folder, {}, "sdpa")).requires_grad_(False).eval())
+        self.critic = wrap(models.load_value_model(folder, models.build_config(folder, {}, "sdpa")))
+        self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=LR, weight_decay=0.0)
+        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=LR, weight_decay=0.0)
+
+
+def prompt_batch(folder: Path) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The engine's first batch shape: 8 prompts x 4 samples, left-padded -> ids, mask (N, P), eos, pad."""
+    from worker import data, models
+
+    tok = models.load_tokenizer(folder)
+    rows = data.load_prompts(TASK, tok, MAX_PROMPT, seed=0)[:PROMPTS]
+    p = max(len(r.prompt_ids) for r in rows)
+    ids = torch.full((PROMPTS, p), tok.pad_token_id, dtype=torch.long)  # (B, P)
+    mask = torch.zeros(PROMPTS, p, dtype=torch.long)  # (B, P)
+    for i, row in enumerate(rows):
+        ids[i, p - len(row.prompt_ids):] = torch.tensor(row.prompt_ids)
+        mask[i, p - len(row.prompt_ids):] = 1
+    return ids.repeat_interleave(SAMPLES, 0), mask.repeat_interleave(SAMPLES, 0), tok.eos_token_id, tok.pad_token_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain torch
+
+
+@torch.no_grad()
+def plain_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Sample ``new_tokens`` tokens with the KV cache: (N, P) -> responses (N, R)."""
+    model.eval()
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, P)
+    inputs, cache, tokens = ids, None, []
+    for _ in range(new_tokens):
+        out = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
+        cache = out.cache
+        probs = torch.softmax(out.logits[:, -1, :], dim=-1)  # (N, V)
+        token = torch.multinomial(probs, 1, generator=generator)  # (N, 1)
+        tokens.append(token)
+        inputs = token
+        mask = torch.cat([mask, torch.ones_like(token)], dim=1)  # (N, P + t + 1)
+        position_ids = position_ids[:, -1:] + 1  # (N, 1)
+    return torch.cat(tokens, dim=1)  # (N, R)
+
+
+def plain_log_probs(model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor, r: int) -> torch.Tensor:
+    """(N, P + R) -> log-probs (N, R) of the response tokens."""
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, L)
+    logits = model(input_ids=seq, attention_mask=mask, position_ids=position_ids).logits[:, -r - 1:-1]  # (N, R, V)
+    return torch.log_softmax(logits, dim=-1).gather(-1, seq[:, -r:, None]).squeeze(-1)  # (N, R)
+
+
+def plain_values(model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor, r: int) -> torch.Tensor:
+    """(N, P + R) -> values (N, R) of the states before each response token."""
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, L)
+    return model(input_ids=seq, attention_mask=mask, position_ids=position_ids).logits[:, -r - 1:-1, 0]  # (N, R)
+
+
+def plain_step(m: Models, ids: torch.Tensor, mask: torch.Tensor, r: int, generator: torch.Generator) -> dict[str, float]:
+    """One PPO step's passes in plain torch -> seconds per part."""
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    responses = plain_generate(m.actor, ids, mask, r, generator)  # (N, R)
+    times[PARTS[0]] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    seq = torch.cat([ids, responses], dim=1)  # (N, P + R)
+    full_mask = torch.cat([mask, torch.ones_like(responses)], dim=1)  # (N, P + R)
+    with torch.no_grad():
+        old = plain_log_probs(m.actor, seq, full_mask, r)  # (N, R)
+        plain_log_probs(m.ref, seq, full_mask, r)
+        m.critic.eval()
+        values = plain_values(m.critic, seq, full_mask, r)  # (N, R)
+    times[PARTS[1]] = time.perf_counter() - t0
+    advantages = torch.randn_like(old)  # (N, R) the update's cost does not depend on their values
+    returns = values + torch.randn_like(values)  # (N, R)
+
+    t0 = time.perf_counter()
+    m.actor.train()
+    m.actor_opt.zero_grad(set_to_none=True)
+    for s in range(0, ROWS, MICRO):
+        sl = slice(s, s + MICRO)
+        logp = plain_log_probs(m.actor, seq[sl], full_mask[sl], r)  # (n, R)
+        ratio = torch.exp(logp - old[sl])
+        pg_loss = torch.max(-advantages[sl] * ratio, -advantages[sl] * ratio.clamp(1 - CLIP, 1 + CLIP)).mean()
+        (pg_loss * MICRO / ROWS).backward()
+    m.actor_opt.step()
+    times[PARTS[2]] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    m.critic.train()
+    m.critic_opt.zero_grad(set_to_none=True)
+    for s in range(0, ROWS, MICRO):
+        sl = slice(s, s + MICRO)
+        vpred = plain_values(m.critic, seq[sl], full_mask[sl], r)  # (n, R)
+        clipped = values[sl] + (vpred - values[sl]).clamp(-0.5, 0.5)
+        vf_loss = 0.5 * torch.max((vpred - returns[sl]) ** 2, (clipped - returns[sl]) ** 2).mean()
+        (vf_loss * MICRO / ROWS).backward()
+    m.critic_opt.step()
+    times[PARTS[3]] = time.perf_counter() - t0
+    return times
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's compute functions, in this process, on the same plain modules
+
+
+def inprocess_step(m: Models, ids: torch.Tensor, mask: torch.Tensor, r: int, eos: int, pad: int,
+                   generator: torch.Generator) -> dict[str, float]:
+    from worker import ppo_math
+    from worker.engine import compute
+
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    m.actor.eval()
+    gen = compute.generate(m.actor, ids, mask, max_new_tokens=r, eos_token_id=eos, pad_token_id=pad, temperature=1.0,
+                           top_p=1.0, do_sample=True, generator=generator)
+    times[PARTS[0]] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    batch = {**compute.assemble(ids, mask, gen["responses"], gen["response_mask"]),
+             "responses": gen["responses"], "response_mask": gen["response_mask"]}
+    with torch.no_grad():
+        batch["old_log_probs"], _ = compute.policy_forward(m.actor, batch, compute.NO_SP, temperature=1.0,
+                                                           with_entropy=True)
+        batch["ref_log_prob"], _ = compute.policy_forward(m.ref, batch, compute.NO_SP, temperature=1.0,
+                                                          with_entropy=False)
+        m.critic.eval()
+        batch["values"] = compute.value_forward(m.critic, batch, compute.NO_SP)
+    times[PARTS[1]] = time.perf_counter() - t0
+    scores = torch.zeros_like(batch["values"])  # (N, R)
+    scores[:, -1] = torch.rand(len(scores))
+    batch["advantages"], batch["returns"] = ppo_math.compute_gae_advantage_return(
+        scores, batch["values"], batch["response_mask"].float(), 1.0, 1.0)
+
+    actor = compute.ActorSettings(ppo_epochs=1, mini_batch=ROWS, micro_batch=MICRO, clip_ratio=CLIP, entropy_coeff=0.0,
+                                  use_kl_loss=False, kl_loss_coef=0.001, kl_loss_type="low_var_kl", grad_clip=1.0,
+                                  temperature=1.0)
+    critic = compute.CriticSettings(ppo_epochs=1, mini_batch=ROWS, micro_batch=MICRO, cliprange_value=0.5, grad_clip=1.0)
+    t0 = time.perf_counter()
+    compute.update_actor(m.actor, m.actor_opt, batch, compute.NO_SP, actor)
+    times[PARTS[2]] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    compute.update_critic(m.critic, m.critic_opt, batch, compute.NO_SP, critic)
+    times[PARTS[3]] = time.perf_counter() - t0
+    return times
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+VARIANTS = ("plain torch", "engine compute code", "engine compute code + FSDP2 (world 1)")
+
+
+def _med(rows: list[dict[str, float]], key: str) -> float:
+    return statistics.median(row[key] for row in rows)
+
+
+def _total(rows: list[dict[str, float]]) -> float:
+    return statistics.median(sum(row.values()) for row in rows)
+
+
+def report(engine: Side, timed: dict[str, list[dict[str, float]]], round_ratios: list[float], *,
+           args: argparse.Namespace, info: dict[str, Any], started: datetime,
+           load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
+    e = statistics.median(engine.step_s)
+    plain, code, fsdp = (_total(timed[v]) for v in VARIANTS)
+    ratio = e / plain
+    met = ratio <= 1.25
+    lines = [
+        "# Overhead: an engine PPO step vs the sum of its isolated passes in plain torch",
+        "",
+        f"- date: {started.strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {info['host']}, {info['cpu']}, {info['cores']} cores, no GPU; load average (1/5/15 min) "
+        f"{'/'.join(f'{x:.1f}' for x in load[0])} at the start, {'/'.join(f'{x:.1f}' for x in load[1])} at the end "
+        "(a shared machine)",
+        f"- software: Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}",
+        f"- command: `.venv/bin/python bench/bench_overhead.py --steps {args.steps} --rounds {args.rounds} "
+        f"--response-length {args.response_length}`",
+        f"- problem: builtin:tiny-llama (2 layers, hidden 64), fp32, sdpa, CPU, 1 torch thread; {ROWS} sequences a "
+        f"step, prompts of 14 tokens, {args.response_length} response tokens; 1 PPO epoch, 1 mini-batch, "
+        f"micro-batches of {MICRO}, AdamW",
+        f"- measured: {args.rounds} rounds, each an engine run of {args.steps} + 1 steps (`run_spec`, world size 1, "
+        f"one Ray rank actor, FSDP2), then {args.steps} + 1 steps of each in-process variant, alternated; the first "
+        "of each dropped; medians",
+        "",
+        "| part | " + " | ".join(VARIANTS) + " |",
+        "|---|" + "---:|" * len(VARIANTS),
+    ]
+    for part in PARTS:
+        lines.append(f"| {part} | " + " | ".join(f"{_med(timed[v], part) * 1000:.0f} ms" for v in VARIANTS) + " |")
+    lines += [
+        "| **sum** | " + " | ".join(f"**{_total(timed[v]) * 1000:.0f} ms**" for v in VARIANTS) + " |",
+        "",
+        f"Engine step (time between consecutive metric events): median **{e * 1000:.0f} ms** "
+        f"(range {min(engine.step_s) * 1000:.0f} - {max(engine.step_s) * 1000:.0f} ms; its generation "
+        f"`timing_s/gen` median {statistics.median(engine.gen_s) * 1000:.0f} ms).",
+        "",
+        f"**ratio = engine step / sum of plain parts = {ratio:.2f}x** (per round: "
+        + ", ".join(f"{r:.2f}x" for r in round_ratios) + ").",
+        "",
+        "Where the time goes, as factors that multiply to the ratio: "
+        f"the compute code over plain torch {code / plain:.2f}x, FSDP2 over a world of 1 {fsdp / code:.2f}x, "
+        f"Ray dispatch and the controller's own work (rule reward, GAE, metrics, events) {e / fsdp:.2f}x.",
+        "",
+        f"Target: at most 1.25x. **{'Met' if met else 'Not met'}**"
+        + ("." if met else f": {ratio:.2f}x is {ratio / 1.25:.2f}x over it."),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per run (one warm-up step more)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--response-length", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "overhead.md")
+    args = parser.parse_args(argv)
+
+    import ray
+    import torch.distributed as dist
+
+    from worker import models
+    from worker.engine.rank import free_port
+
+    torch.set_num_threads(1)  # as each engine rank does (RankWorker)
+    started = datetime.now(timezone.utc)
+    load_start = os.getloadavg()
+    info = machine()
+    cache_dir = WORK / "models"
+    folder = models.ensure_builtin_folder("builtin:tiny-llama", cache_dir)
+    ids, mask, eos, pad = prompt_batch(folder)
+    r_len = args.response_length
+    engine, round_ratios = Side("engine"), []
+    timed: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             namespace="attnboard-bench")
+    try:
+        for r in range(args.rounds):
+            part = Side("engine")
+            run_attnboard(part, steps=args.steps, response_length=r_len, cache_dir=cache_dir,
+                          run_id=f"bench-overhead-{os.getpid()}-{r}")
+            m = {VARIANTS[0]: Models(folder), VARIANTS[1]: Models(folder), VARIANTS[2]: Models(folder, fsdp=True)}
+            generator = torch.Generator().manual_seed(r)
+            steps = {VARIANTS[0]: lambda: plain_step(m[VARIANTS[0]], ids, mask, r_len, generator),
+                     VARIANTS[1]: lambda: inprocess_step(m[VARIANTS[1]], ids, mask, r_len, eos, pad, generator),
+                     VARIANTS[2]: lambda: inprocess_step(m[VARIANTS[2]], ids, mask, r_len, eos, pad, generator)}
+            round_plain = []
+            for i in range(args.steps + 1):
+                for variant, step in steps.items():
+                    row = step()
+                    if i > 0:
+                        timed[variant].append(row)
+                        if variant == VARIANTS[0]:
+                            round_plain.append(row)
+            engine.step_s += part.step_s
+            engine.gen_s += part.gen_s
+            round_ratios.append(statistics.median(part.step_s) / _total(round_plain))
+            print(f"round {r + 1}: engine {statistics.median(part.step_s) * 1000:.0f} ms, plain "
+                  f"{_total(round_plain) * 1000:.0f} ms, ratio {round_ratios[-1]:.2f}x", flush=True)
+    finally:
+        ray.shutdown()
+        dist.destroy_process_group()
+    text = report(engine, timed, round_ratios, args=args, info=info, started=started,
+                  load=(load_start, os.getloadavg()))
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
