@@ -414,7 +414,7 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
                 yield _sse(SSE_NAMES.get(ev.kind, ev.kind), _block(request, name, ctx), ev.seq)
                 if ev.kind == "error":  # a role that could not load gets its row in the attention table
                     yield _sse("attention", _block(request, "attention", ctx))
-                if ev.kind in ("fallback", "error", "attention"):
+                if ev.kind in ("fallback", "error", "attention", "status"):  # retry offers; cancel ends with the run
                     yield _sse("actions", _block(request, "actions", ctx))
             if batch:
                 delay = POLL_MIN_S

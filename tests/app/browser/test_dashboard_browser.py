@@ -1,22 +1,31 @@
-"""The dashboard in real headless Chromium (Debian's), driven by Playwright, against uvicorn on loopback."""
+"""The dashboard in real headless Chromium (Debian's), driven by Playwright, against the served app:
+``create_app(ray=True)`` under uvicorn on 127.0.0.1 with its own data directory, so the app starts its
+embedded Ray head on loopback and real runs train on the tiny CPU preset.
+
+Three real runs in all, shared by the tests in file order: a run that succeeds (named with a script
+injection, which must render as text), a run whose critic falls back, and its "retry with eager".
+"""
 
 from __future__ import annotations
 
 import os
-import socket
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from sqlmodel import Session
 
-from tests.app.pages_support import XSS_NAME, engine_events, stored_run
+from app.services.ray_runtime import HEAD_RECORD, HeadRecord, free_port, pid_alive, stop_head
+from tests.app.pages_support import XSS_NAME
+from tests.app.service_support import ray_env
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.ray]
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,45 +36,95 @@ SEED_CRITIC_COMMAND = """python3 ppo_trainer.py \\
     [other parameters...]"""
 ACTOR_ATTN = "actor_rollout_ref.model.override_config.attn_implementation"
 CRITIC_ATTN = "critic.model.override_config.attn_implementation"
+STEPS = 3
+RUN_TIMEOUT_MS = 150_000
+ACTIVE = ("queued", "starting", "running")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server:
+    def __init__(self, base: str, db_url: str, data: Path):
+        self.base, self.db_url, self.data = base, db_url, data
+        self.token = ""
+        self.runs: dict[str, int] = {}  # what the tests launched, by purpose
+
+    def api(self, path: str) -> Any:
+        resp = httpx.get(self.base + path, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        resp.raise_for_status()
+        return resp.json()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """uvicorn serving the app on a fresh SQLite database; yields (base URL, database URL)."""
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The served app (Ray launcher and supervisor) on a fresh data directory; at the end every run still
+    active is cancelled, the server stopped, and the embedded Ray head stopped if it is still up."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: run ./scripts/setup.sh --test (apt-get install chromium)")
     data = tmp_path_factory.mktemp("server")
     db_url = f"sqlite:///{data / 'attnboard.db'}"
-    port = _free_port()
-    env = {**os.environ, "ATTNBOARD_DATA_DIR": str(data), "ATTNBOARD_DATABASE_URL": db_url}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning"], cwd=ROOT, env=env)
-    base = f"http://127.0.0.1:{port}"
+    port = free_port()
+    env = {**ray_env(None), "ATTNBOARD_DATA_DIR": str(data), "ATTNBOARD_DATABASE_URL": db_url,
+           "ATTNBOARD_RAY_NUM_CPUS": "2"}
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:create_served_app", "--factory",
+                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env)
+    srv = Server(f"http://127.0.0.1:{port}", db_url, data)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             try:
-                if httpx.get(base + "/login", timeout=2).status_code == 200:
+                if httpx.get(srv.base + "/login", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on {base} (exit code {proc.poll()})")
+                raise RuntimeError(f"uvicorn did not start on {srv.base} (exit code {proc.poll()})")
             time.sleep(0.3)
-        yield base, db_url
+        srv.token = _create_token(db_url)
+        yield srv
     finally:
+        _cancel_active(srv)
         proc.terminate()
-        proc.wait(timeout=20)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        record = HeadRecord.load(data / HEAD_RECORD)
+        if record is not None and pid_alive(record.pid):
+            stop_head(record.pid)
+
+
+def _create_token(db_url: str) -> str:
+    from app.db import make_engine
+    from app.services.tokens import create_token
+
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session:
+            _, token = create_token(session, name="browser", scopes=["read", "write"])  # type: ignore[arg-type]
+    finally:
+        engine.dispose()
+    return token
+
+
+def _cancel_active(srv: Server) -> None:
+    """Cancel what is still active and wait for it to end, so the app stops its Ray head on shutdown."""
+    if not srv.token:
+        return
+    headers = {"Authorization": f"Bearer {srv.token}"}
+    try:
+        active = [r["id"] for r in srv.api("/api/runs?limit=100")["data"] if r["status"] in ACTIVE]
+        for run_id in active:
+            httpx.post(f"{srv.base}/api/runs/{run_id}/cancel", headers=headers, timeout=30)
+        deadline = time.monotonic() + 60
+        while active and time.monotonic() < deadline:
+            active = [i for i in active if srv.api(f"/api/runs/{i}")["status"] in ACTIVE]
+            time.sleep(0.5)
+    except httpx.HTTPError:
+        pass  # the server is gone already: the head record below is the last resort
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
+def browser() -> Iterator[Any]:
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM,
@@ -75,25 +134,20 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture
-def page(browser, server):
+def page(browser, server: Server):
+    """A fresh browser context, logged in with the module's write token."""
     context = browser.new_context(viewport={"width": 1440, "height": 1000})
     pg = context.new_page()
     pg.dialogs = []  # type: ignore[attr-defined]
     pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))  # type: ignore[attr-defined]
     pg.console_errors = []  # type: ignore[attr-defined]
     pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))  # type: ignore[attr-defined]
+    pg.goto(server.base + "/login")
+    pg.fill("#token", server.token)
+    pg.press("#token", "Enter")  # the keyboard submits the form
+    pg.wait_for_url(server.base + "/")
     yield pg
     context.close()
-
-
-@pytest.fixture
-def db(server) -> Iterator[Session]:
-    from app.db import make_engine
-
-    engine = make_engine(server[1])
-    with Session(engine, expire_on_commit=False) as s:
-        yield s
-    engine.dispose()
 
 
 def expect(locator):
@@ -111,9 +165,32 @@ def preview_cell(page, role: str, cell: str) -> str:
     return page.locator(f"#preview tr[data-role='{role}'] td.{cell}").inner_text().strip()
 
 
+def run_id_of(page) -> int:
+    match = re.search(r"/runs/(\d+)$", page.url)
+    assert match, page.url
+    return int(match.group(1))
+
+
+def launch_from_form(page, server: Server, *, name: str, **fields: str) -> int:
+    """Fill the new-run form (the tiny CPU preset it starts from, ``STEPS`` steps, plus ``fields``:
+    select name -> option) and launch; returns the new run's id from the live page's URL."""
+    page.goto(server.base + "/runs/new")
+    page.fill("#f-name", name)
+    page.fill("input[name='trainer.total_training_steps']", str(STEPS))
+    for key, value in fields.items():
+        page.select_option(f"select[name='{key}']", value)
+    page.wait_for_load_state("networkidle")
+    page.click("#run-form button.primary")
+    page.wait_for_url(re.compile(r"/runs/\d+$"))
+    return run_id_of(page)
+
+
+# --------------------------------------------------------------------------------------------
+# The form
+
+
 def test_preview_follows_strategy_and_ulysses(page, server):
-    base, _ = server
-    page.goto(base + "/runs/new")
+    page.goto(server.base + "/runs/new")
     page.select_option(f"select[name='{ACTOR_ATTN}']", "sdpa")
     page.fill("input[name='trainer.n_gpus_per_node']", "2")
     page.select_option("select[name='actor_rollout_ref.actor.strategy']", "fsdp_turbo")
@@ -129,8 +206,7 @@ def test_preview_follows_strategy_and_ulysses(page, server):
 
 
 def test_import_seed_critic_command_fills_the_form(page, server):
-    base, _ = server
-    page.goto(base + "/runs/new")
+    page.goto(server.base + "/runs/new")
     page.click("details.import summary")
     page.fill("#verl-text", SEED_CRITIC_COMMAND)
     page.click("#import-form button[type='submit']")
@@ -141,25 +217,79 @@ def test_import_seed_critic_command_fills_the_form(page, server):
     shot(page, "form")
 
 
-def test_list_live_and_compare_pages(page, server, db):
-    base, _ = server
-    xss = stored_run(db, name=XSS_NAME, events=engine_events(steps=6))
-    fell = stored_run(db, name="critic fell back to sdpa", events=engine_events("critic_fallback", steps=8),
-                      **{"attnboard.fallback_policy": "fallback", "trainer.total_training_steps": 8})
-    page.goto(base + "/")
-    assert page.locator(f"tr[data-run='{xss}'] td.name a").inner_text() == XSS_NAME
-    shot(page, "list")
-    page.goto(f"{base}/runs/{fell}")
-    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "8")
-    assert page.locator("#status").get_attribute("data-status") == "succeeded"
-    assert page.locator("#progress-bar").get_attribute("value") == "100"
-    assert page.locator("#attention tr[data-role='critic'] .badge").inner_text().endswith("fallback")
-    assert page.locator("button", has_text="Retry with eager on the critic").count() == 1
-    shot(page, "live")
-    page.goto(f"{base}/compare?ids={xss},{fell}")
-    expect(page.locator("#chart-reward-compare")).to_have_attribute("data-points", "8")
-    shot(page, "compare")
-    page.goto(f"{base}/runs/{xss}")
+# --------------------------------------------------------------------------------------------
+# Real runs
+
+
+def test_a_tiny_run_goes_live_to_succeeded(page, server):
+    run_id = launch_from_form(page, server, name=XSS_NAME)
+    server.runs["tiny"] = run_id
+    assert page.locator("#live").get_attribute("sse-connect") is not None, "a fresh run streams its events"
+    status = page.locator("#status")
+    expect(status).to_have_attribute("data-status", "succeeded", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#progress-bar")).to_have_attribute("value", "100")
+    assert f"step {STEPS} of {STEPS}" in page.locator("#status label").inner_text()
+    for role in ("actor", "rollout", "reference", "critic"):
+        row = page.locator(f"#attention tr[data-role='{role}'][data-rank='0']")
+        expect(row.locator("td.effective")).to_have_text("sdpa → sdpa")
+        assert row.locator(".badge").inner_text().endswith("override")
+    for chart in ("reward", "kl", "loss", "throughput", "step-time", "memory"):
+        expect(page.locator(f"#chart-{chart}")).to_have_attribute("data-points", str(STEPS))
+    logs = page.locator("#logs li").evaluate_all("items => items.map(li => li.id)")
+    assert logs and len(logs) == len(set(logs)), f"a log line shown twice: {logs}"
     assert page.locator("h1").inner_text().startswith(XSS_NAME)
-    assert page.dialogs == []
-    assert page.console_errors == []
+    shot(page, "live")
+    assert page.dialogs == [] and page.console_errors == []
+
+
+def test_a_critic_that_falls_back_and_its_retry_with_eager(page, server):
+    run_id = launch_from_form(page, server, name="critic asks for flash_attention_2 on CPU",
+                              **{CRITIC_ATTN: "flash_attention_2", "attnboard.fallback_policy": "fallback"})
+    server.runs["fallback"] = run_id
+    critic = page.locator("#attention tr[data-role='critic'][data-rank='0']")
+    expect(critic.locator(".badge")).to_have_text(re.compile("fallback$"), timeout=RUN_TIMEOUT_MS)
+    expect(critic.locator("td.effective")).to_have_text("flash_attention_2 → sdpa")
+    entry = page.locator("#trouble li.kind-fallback").first
+    expect(entry.locator(".summary")).to_have_text("flash_attention_2 requested but flash-attn is not installed")
+    expect(page.locator("#status")).to_have_attribute("data-status", "succeeded", timeout=RUN_TIMEOUT_MS)
+    shot(page, "live-fallback")
+    retry = page.get_by_role("button", name="Retry with eager on the critic")
+    retry.focus()
+    with page.expect_navigation():
+        page.keyboard.press("Enter")  # keyboard usable: the focused button submits its form
+    new_id = run_id_of(page)
+    assert new_id != run_id
+    server.runs["retry"] = new_id
+    assert f"retry of #{run_id}" in page.locator(".run-head").inner_text()
+    assert page.locator("#status").get_attribute("data-status") in (*ACTIVE, "succeeded")
+    expect(page.locator("#status")).to_have_attribute("data-status", "succeeded", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#attention tr[data-role='critic'][data-rank='0'] td.effective")).to_have_text("eager → eager")
+
+
+def test_runs_list_and_compare_after_the_runs(page, server):
+    tiny, fallback, retry = (server.runs.get(k) for k in ("tiny", "fallback", "retry"))
+    if None in (tiny, fallback, retry):
+        pytest.skip("the real runs above did not all start")
+    page.goto(server.base + "/")
+    assert page.locator(f"tr[data-run='{tiny}'] td.name a").inner_text() == XSS_NAME
+    critic = page.locator(f"tr[data-run='{fallback}'] .role-badge[data-role='critic']")
+    assert critic.get_attribute("data-badge") == "fallback"
+    assert critic.inner_text().split() == ["critic", "flash_attention_2", "→", "sdpa", "↓", "fallback"]
+    assert page.locator(f"tr[data-run='{retry}'] .role-badge[data-role='critic']").get_attribute("data-badge") == "override"
+    assert page.locator(f"tr[data-run='{fallback}'] td.quick button", has_text="Retry, eager critic").count() == 1
+    compare_link = page.locator(f"tr[data-run='{retry}'] td.quick a", has_text=f"Compare with #{fallback}")
+    shot(page, "list")
+    page.check(f"tr[data-run='{tiny}'] input[name='ids']")
+    page.check(f"tr[data-run='{fallback}'] input[name='ids']")
+    page.get_by_role("button", name="Compare selected").click()
+    page.wait_for_url(re.compile(r"/compare\?"))
+    assert page.locator("table.compare tbody tr").count() == 2
+    page.goto(server.base + "/")
+    compare_link.click()
+    page.wait_for_url(re.compile(r"/compare\?"))
+    assert [page.locator("table.compare tbody tr").nth(i).get_attribute("data-run") for i in range(2)] == [
+        str(fallback), str(retry)]
+    assert CRITIC_ATTN in page.locator("table.diffs").inner_text()
+    expect(page.locator("#chart-reward-compare")).to_have_attribute("data-points", str(STEPS))
+    shot(page, "compare")
+    assert page.dialogs == [] and page.console_errors == []
