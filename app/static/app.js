@@ -37,6 +37,20 @@
     try { return JSON.parse(node.textContent); } catch (e) { return null; }
   }
 
+  /* Steps are whole numbers: no 1.5 on the x axis. */
+  function stepTicks(u, splits) {
+    return splits.map(function (v) { return Number.isInteger(v) ? String(v) : ""; });
+  }
+
+  /* Values from 1e-9 (log-prob differences) to 1e4 (tokens/s) stay readable: three significant digits. */
+  function valueTicks(u, splits) {
+    return splits.map(function (v) {
+      if (v === 0) return "0";
+      var a = Math.abs(v);
+      return a < 1e-3 || a >= 1e5 ? v.toExponential(1) : String(Number(v.toPrecision(3)));
+    });
+  }
+
   function plot(el, x, series) {
     if (el._plot) { el._plot.destroy(); el._plot = null; }
     var body = el.querySelector(".plot") || el;
@@ -47,7 +61,7 @@
       width: Math.max(280, body.clientWidth || 400),
       height: 190,
       scales: { x: { time: false } },
-      axes: [{ label: "step" }, {}],
+      axes: [{ label: "step", values: stepTicks }, { values: valueTicks, size: 64 }],
       legend: { live: false },
       series: [{ label: "step" }].concat(series.map(function (s, i) {
         return { label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: x.length < 40 } };
