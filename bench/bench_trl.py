@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/bench_trl.py [--steps 3] [--rounds 2] [--response-length 16] [--out bench/results/trl.md]
 
-Both sides train the same PPO problem in this one run, alternately (attnboard, TRL, attnboard, TRL, ...),
-so a busy moment on a shared machine hits both alike:
+Both sides train the same PPO problem in this one run, step by step in turn (attnboard step 1, TRL step 1,
+attnboard step 2, ...), so a busy moment on a shared machine hits both alike: the engine's ``metric`` event
+callback (synchronous, on the controller's thread, while the engine's rank waits) releases one TRL update
+in a thread and waits for it to end.
 
 - the same weights: ``builtin:tiny-llama`` materialised as an HF folder; the causal LM is the policy and the
   reference, ``worker.models.load_value_model`` (token classification, 1 label, the score head seeded) the
@@ -15,12 +17,12 @@ so a busy moment on a shared machine hits both alike:
 - one process of compute each, one torch thread each: attnboard through the real engine, ``run_spec`` with
   ``trainer.n_gpus_per_node=1`` (one Ray rank actor, FSDP2 over a world of 1, gloo); TRL in this process.
 
-Throughput = generated response tokens / wall time of a step. A step's wall time is the time between two
-consecutive step ends (attnboard: its ``metric`` events; TRL: ``on_step_end`` callbacks), so start-up
-(Ray, process group, model loading) is outside it; the first step of every run is a warm-up and dropped.
-Response tokens: attnboard's valid response tokens (its rows end at EOS; ``response_length/mean`` x rows),
-TRL's generated tokens (``stop_token=None``: it always generates ``--response-length`` tokens). Counting the
-EOS-ended rows' padding on TRL's side only is in TRL's favour.
+Throughput = generated response tokens / wall time of a step. attnboard's step runs from the return of the
+previous metric callback to its next metric event (so TRL's turn is not in it); TRL's from its release to
+its ``on_step_end`` callback. Start-up (Ray, process group, model loading) is outside both; the first step
+of each side is a warm-up and dropped. Response tokens: attnboard's valid response tokens (its rows end at
+EOS; ``response_length/mean`` x rows), TRL's generated tokens (``stop_token=None``: it always generates
+``--response-length`` tokens). Counting the EOS-ended rows' padding on TRL's side only is in TRL's favour.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import argparse
 import os
 import platform
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,95 +88,147 @@ def attnboard_spec(steps: int, response_length: int):
     })
 
 
-def run_attnboard(side: Side, *, steps: int, response_length: int, cache_dir: Path, run_id: str) -> None:
-    """``steps`` + 1 engine steps; every step but the first is recorded in ``side``."""
+StepHook = Callable[[], None]
+
+
+def run_attnboard(side: Side, *, steps: int, response_length: int, cache_dir: Path, run_id: str,
+                  between_steps: StepHook = lambda: None) -> None:
+    """``steps`` + 1 engine steps; every step but the first is recorded in ``side``. ``between_steps`` runs
+    after each step, inside the metric callback, and is not counted in the engine's step time."""
     from worker.engine.controller import run_spec
 
-    ends: list[tuple[float, dict[str, Any]]] = []
+    resumed: list[float | None] = [None]
 
     def on_event(event: dict[str, Any]) -> None:
-        if event["kind"] == "metric":
-            ends.append((time.perf_counter(), event["payload"]["values"]))
-        elif event["kind"] == "error":
+        if event["kind"] == "error":
             print(f"attnboard error: {event['payload'].get('message')}")
+        if event["kind"] != "metric":
+            return
+        end = time.perf_counter()
+        if resumed[0] is not None:
+            values = event["payload"]["values"]
+            side.step_s.append(end - resumed[0])
+            side.tokens.append(values["response_length/mean"] * ROWS)
+            side.gen_s.append(values["timing_s/gen"])
+        between_steps()
+        resumed[0] = time.perf_counter()
 
     state = run_spec(attnboard_spec(steps + 1, response_length), run_id=run_id, on_event=on_event, cache_dir=cache_dir)
-    if state != "succeeded" or len(ends) != steps + 1:
-        raise RuntimeError(f"attnboard run {run_id} ended {state} after {len(ends)} of {steps + 1} steps")
-    for (t_prev, _), (t, values) in zip(ends, ends[1:]):
-        side.step_s.append(t - t_prev)
-        side.tokens.append(values["response_length/mean"] * ROWS)
-        side.gen_s.append(values["timing_s/gen"])
+    if state != "succeeded" or len(side.step_s) != steps:
+        raise RuntimeError(f"attnboard run {run_id} ended {state} with {len(side.step_s)} of {steps} measured steps")
 
 
 # ---------------------------------------------------------------------------------------------
 # TRL
 
 
-def run_trl(side: Side, *, steps: int, response_length: int, folder: Path, out_dir: Path) -> None:
-    """TRL's PPOTrainer for ``steps`` + 1 updates on the same models; every update but the first is recorded."""
-    import datasets
-    import torch
-    from transformers import TrainerCallback
+class TrlStepper:
+    """TRL's ``PPOTrainer.train()`` in a thread, released one update at a time by ``step()``.
 
-    from worker import data, models
+    Built in the caller's thread (models, dataset, trainer), so nothing of TRL runs while the engine does.
+    """
 
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
-    from trl.experimental.ppo import ppo_trainer as trl_ppo
+    def __init__(self, side: Side, *, steps: int, response_length: int, folder: Path, out_dir: Path):
+        import datasets
+        from transformers import TrainerCallback
 
-    tok = models.load_tokenizer(folder)
-    tok.padding_side = "left"  # TRL generates from left-padded queries
-    rows = data.load_prompts(TASK, tok, MAX_PROMPT, seed=0)
-    dataset = datasets.Dataset.from_dict({"input_ids": [r.prompt_ids for r in rows]})
+        from worker import data, models
 
-    def causal_lm():
-        return models.load_causal_lm(folder, models.build_config(folder, {}, "sdpa"))
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        from trl.experimental.ppo import PPOConfig, PPOTrainer
+        from trl.experimental.ppo import ppo_trainer as trl_ppo
 
-    def value_model():
-        return models.load_value_model(folder, models.build_config(folder, {}, "sdpa"))
+        self.side, self.steps = side, steps
+        self.go, self.done = threading.Event(), threading.Event()
+        self.released_at = 0.0
+        self.updates = 0
+        self.error: BaseException | None = None
+        tok = models.load_tokenizer(folder)
+        tok.padding_side = "left"  # TRL generates from left-padded queries
+        rows = data.load_prompts(TASK, tok, MAX_PROMPT, seed=0)
+        dataset = datasets.Dataset.from_dict({"input_ids": [r.prompt_ids for r in rows]})
 
-    config = PPOConfig(
-        output_dir=str(out_dir), report_to="none", save_strategy="no", use_cpu=True, bf16=False, fp16=False,
-        disable_tqdm=True, seed=0, learning_rate=LR, temperature=1.0, response_length=response_length,
-        stop_token=None, missing_eos_penalty=None, num_sample_generations=0,
-        per_device_train_batch_size=MICRO, gradient_accumulation_steps=ROWS // MICRO, num_mini_batches=1,
-        num_ppo_epochs=1, local_rollout_forward_batch_size=ROWS, total_episodes=(steps + 1) * ROWS,
-        dataloader_num_workers=0,
-    )
+        def causal_lm():
+            return models.load_causal_lm(folder, models.build_config(folder, {}, "sdpa"))
 
-    ends: list[float] = []
-    gen_s: list[float] = []
-    generated: list[int] = []
+        def value_model():
+            return models.load_value_model(folder, models.build_config(folder, {}, "sdpa"))
 
-    class StepEnds(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            ends.append(time.perf_counter())
+        config = PPOConfig(
+            output_dir=str(out_dir), report_to="none", save_strategy="no", use_cpu=True, bf16=False, fp16=False,
+            disable_tqdm=True, seed=0, learning_rate=LR, temperature=1.0, response_length=response_length,
+            stop_token=None, missing_eos_penalty=None, num_sample_generations=0,
+            per_device_train_batch_size=MICRO, gradient_accumulation_steps=ROWS // MICRO, num_mini_batches=1,
+            num_ppo_epochs=1, local_rollout_forward_batch_size=ROWS, total_episodes=(steps + 1) * ROWS,
+            dataloader_num_workers=0,
+        )
+        stepper = self
 
-    original = trl_ppo.batch_generation
+        class Turns(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                stepper.wait_for_turn()
 
-    def timed_generation(model, queries, *args, **kwargs):  # TRL's own function, timed and its output counted
-        t0 = time.perf_counter()
-        query_responses, logits = original(model, queries, *args, **kwargs)
-        gen_s.append(time.perf_counter() - t0)
-        generated.append(int(query_responses.shape[0]) * (query_responses.shape[1] - queries.shape[1]))
-        return query_responses, logits
+            def on_step_end(self, args, state, control, **kwargs):
+                stepper.end_of_update()
 
-    trainer = PPOTrainer(args=config, processing_class=tok, model=causal_lm(), ref_model=causal_lm(),
-                         reward_model=value_model(), value_model=value_model(), train_dataset=dataset,
-                         eval_dataset=dataset, callbacks=[StepEnds()])
-    trl_ppo.batch_generation = timed_generation
-    torch.set_num_threads(1)  # as the engine's rank (the Trainer set-up may have changed it)
-    try:
-        trainer.train()
-    finally:
-        trl_ppo.batch_generation = original
-    if len(ends) != steps + 1:
-        raise RuntimeError(f"TRL ran {len(ends)} updates, expected {steps + 1}")
-    for i in range(1, steps + 1):
-        side.step_s.append(ends[i] - ends[i - 1])
-        side.tokens.append(float(generated[i]))
-        side.gen_s.append(gen_s[i])
+        self.gen_s: list[float] = []
+        self.generated: list[int] = []
+        self._original = trl_ppo.batch_generation
+        self._module = trl_ppo
+
+        def timed_generation(model, queries, *args, **kwargs):  # TRL's own function, timed, its output counted
+            t0 = time.perf_counter()
+            query_responses, logits = self._original(model, queries, *args, **kwargs)
+            self.gen_s.append(time.perf_counter() - t0)
+            self.generated.append(int(query_responses.shape[0]) * (query_responses.shape[1] - queries.shape[1]))
+            return query_responses, logits
+
+        self.trainer = PPOTrainer(args=config, processing_class=tok, model=causal_lm(), ref_model=causal_lm(),
+                                  reward_model=value_model(), value_model=value_model(), train_dataset=dataset,
+                                  eval_dataset=dataset, callbacks=[Turns()])
+        trl_ppo.batch_generation = timed_generation
+        self.thread = threading.Thread(target=self._train, name="trl-train", daemon=True)
+        self.thread.start()
+
+    def _train(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # as the engine's rank (the Trainer set-up may have changed it)
+        try:
+            self.trainer.train()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by step()
+            self.error = exc
+            self.done.set()
+
+    def wait_for_turn(self) -> None:
+        self.go.wait()
+        self.go.clear()
+        self.released_at = time.perf_counter()
+
+    def end_of_update(self) -> None:
+        end = time.perf_counter()
+        if self.updates > 0:  # the first update is a warm-up
+            self.side.step_s.append(end - self.released_at)
+            self.side.tokens.append(float(self.generated[self.updates]))
+            self.side.gen_s.append(self.gen_s[self.updates])
+        self.updates += 1
+        self.done.set()
+        if self.updates <= self.steps:
+            self.wait_for_turn()
+
+    def step(self) -> None:
+        """Let TRL run one update; return when it has ended."""
+        self.done.clear()
+        self.go.set()
+        self.done.wait()
+        if self.error is not None:
+            raise RuntimeError(f"TRL failed: {self.error!r}") from self.error
+
+    def finish(self) -> None:
+        self.thread.join(timeout=60)
+        self._module.batch_generation = self._original
+        if self.updates != self.steps + 1:
+            raise RuntimeError(f"TRL ran {self.updates} updates, expected {self.steps + 1}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,14 +256,16 @@ def machine() -> dict[str, Any]:
 
 def _row(side: Side) -> str:
     tps = side.tokens_per_s
-    return (f"| {side.name} | {len(tps)} | {statistics.median(side.step_s):.2f} s | "
-            f"{statistics.median(side.gen_s):.2f} s | {statistics.median(side.tokens):.0f} | "
-            f"{statistics.median(tps):.1f} | {min(tps):.1f} - {max(tps):.1f} |")
+    step, gen = statistics.median(side.step_s), statistics.median(side.gen_s)
+    return (f"| {side.name} | {len(tps)} | {step:.2f} s | {gen:.2f} s | {step - gen:.2f} s | "
+            f"{statistics.median(side.tokens):.0f} | {statistics.median(tps):.1f} | {max(tps):.1f} |")
 
 
-def report(ours: Side, trl: Side, round_ratios: list[float], *, args: argparse.Namespace, info: dict[str, Any],
-           started: datetime, load: tuple[tuple[float, float, float], tuple[float, float, float]]) -> str:
+def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, Any], started: datetime,
+           load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
     ratio = ours.median_tps() / trl.median_tps()
+    pairs = [a / t for a, t in zip(ours.tokens_per_s, trl.tokens_per_s)]
+    best = max(ours.tokens_per_s) / max(trl.tokens_per_s)
     met = ratio >= 2.0
     lines = [
         "# PPO step throughput: attnboard vs TRL 1.12.0 PPOTrainer",
@@ -218,25 +276,25 @@ def report(ours: Side, trl: Side, round_ratios: list[float], *, args: argparse.N
         "(a shared machine)",
         f"- software: Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, "
         f"trl {info['trl']} (installed into the project venv; it changed neither torch nor transformers)",
-        f"- command: `.venv/bin/python bench/bench_trl.py --steps {args.steps} --rounds {args.rounds} "
-        f"--response-length {args.response_length}`",
+        f"- command: `.venv/bin/python bench/bench_trl.py --steps {args.steps} --response-length {args.response_length}`",
         f"- problem: builtin:tiny-llama (2 layers, hidden 64), fp32, sdpa, CPU, 1 torch thread per side; "
         f"{ROWS} sequences a step, prompts of 14 tokens, {args.response_length} response tokens sampled at "
-        f"temperature 1; 1 PPO epoch, 1 mini-batch, micro-batches of {MICRO}; policy, reference, critic (and "
-        "TRL's reward model) from the same folder",
-        f"- attnboard: `worker.engine.controller.run_spec`, world size 1 (one Ray rank actor, FSDP2, gloo), "
-        "rule reward; TRL: `PPOTrainer.train()` in the bench process (reward model forward, KL in reward)",
-        f"- measured: {args.rounds} rounds, each an attnboard run then a TRL run of {args.steps} + 1 steps; "
-        "the first step of every run is a warm-up and dropped; step = time between consecutive step ends",
+        f"temperature 1; 1 PPO epoch, 1 mini-batch, micro-batches of {MICRO}, one AdamW step per model; policy, "
+        "reference, critic (and TRL's reward model) from the same folder",
+        "- attnboard: `worker.engine.controller.run_spec`, world size 1 (one Ray rank actor, FSDP2, gloo), "
+        "rule reward; TRL: `PPOTrainer.train()` in a thread of the bench process (reward model forward, KL in reward)",
+        f"- measured: {args.steps} steps a side after one warm-up step each, taken in turn (attnboard, TRL, "
+        "attnboard, ...); tokens/s = response tokens / step wall time",
         "",
-        "| side | steps | median step | median generation | response tokens / step | median tokens/s | "
-        "tokens/s range |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| side | steps | median step | median generation | median rest of step | response tokens / step | "
+        "median tokens/s | best tokens/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         _row(ours),
         _row(trl),
         "",
-        f"**attnboard / TRL tokens/s (medians): {ratio:.2f}x**; per round: "
-        + ", ".join(f"{r:.2f}x" for r in round_ratios) + ".",
+        f"**attnboard / TRL tokens/s (medians): {ratio:.2f}x**; median of the per-turn ratios "
+        f"{statistics.median(pairs):.2f}x (range {min(pairs):.2f} - {max(pairs):.2f}); best step against best step "
+        f"{best:.2f}x.",
         "",
         f"Target: attnboard >= 2x TRL's tokens/s. **{'Met' if met else 'Not met'}**"
         + ("." if met else f": {ratio:.2f}x is {2.0 / ratio:.2f}x short of it."),
@@ -246,8 +304,7 @@ def report(ours: Side, trl: Side, round_ratios: list[float], *, args: argparse.N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per run (one warm-up step more)")
-    parser.add_argument("--rounds", type=int, default=2, help="attnboard-then-TRL rounds")
+    parser.add_argument("--steps", type=int, default=8, help="measured steps per side (one warm-up step more)")
     parser.add_argument("--response-length", type=int, default=16)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "trl.md")
     args = parser.parse_args(argv)
@@ -264,26 +321,19 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = WORK / "models"
     folder = models.ensure_builtin_folder("builtin:tiny-llama", cache_dir)
     ours, trl = Side("attnboard"), Side("TRL 1.12.0")
-    round_ratios = []
+    stepper = TrlStepper(trl, steps=args.steps, response_length=args.response_length, folder=folder,
+                         out_dir=WORK / "trl-out")
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              namespace="attnboard-bench")
     try:
-        for r in range(args.rounds):
-            a_round, t_round = Side("a"), Side("t")
-            run_attnboard(a_round, steps=args.steps, response_length=args.response_length, cache_dir=cache_dir,
-                          run_id=f"bench-trl-{os.getpid()}-{r}")
-            run_trl(t_round, steps=args.steps, response_length=args.response_length, folder=folder,
-                    out_dir=WORK / "trl-out")
-            for side, part in ((ours, a_round), (trl, t_round)):
-                side.step_s += part.step_s
-                side.tokens += part.tokens
-                side.gen_s += part.gen_s
-            round_ratios.append(a_round.median_tps() / t_round.median_tps())
-            print(f"round {r + 1}: attnboard {a_round.median_tps():.1f} tokens/s, TRL {t_round.median_tps():.1f} "
-                  f"tokens/s, ratio {round_ratios[-1]:.2f}x", flush=True)
+        run_attnboard(ours, steps=args.steps, response_length=args.response_length, cache_dir=cache_dir,
+                      run_id=f"bench-trl-{os.getpid()}", between_steps=stepper.step)
+        stepper.finish()
     finally:
         ray.shutdown()
-    text = report(ours, trl, round_ratios, args=args, info=info, started=started, load=(load_start, os.getloadavg()))
+    for i, (a, t) in enumerate(zip(ours.tokens_per_s, trl.tokens_per_s), start=1):
+        print(f"step {i}: attnboard {a:.1f} tokens/s, TRL {t:.1f} tokens/s, ratio {a / t:.2f}x")
+    text = report(ours, trl, args=args, info=info, started=started, load=(load_start, os.getloadavg()))
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
