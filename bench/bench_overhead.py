@@ -1,16 +1,17 @@
 """Overhead: one PPO step of the engine against the sum of its isolated passes in plain torch, same shapes.
 
-    .venv/bin/python bench/bench_overhead.py [--steps 3] [--rounds 2] [--response-length 16]
+    .venv/bin/python bench/bench_overhead.py [--steps 8] [--response-length 16]
                                              [--out bench/results/overhead.md]
 
 The problem is bench_trl.py's: ``builtin:tiny-llama``, fp32, sdpa, CPU, one torch thread; 32 sequences a
 step (8 ``builtin:count`` prompts x 4 samples, prompts of 14 tokens), ``--response-length`` sampled tokens;
 1 PPO epoch, 1 mini-batch of 32, micro-batches of 2, AdamW.
 
-Four things are timed alternately in one run (engine run, then plain, in-process, in-process + FSDP2, ...):
+Four things are timed step by step in turn in one run: an engine step, then (inside the engine's metric
+callback, outside its step time) one step of each in-process variant, then the next engine step, ...:
 
 - engine: ``run_spec`` with ``trainer.n_gpus_per_node=1`` (one Ray rank actor, FSDP2 over a world of 1);
-  a step is the time between two consecutive ``metric`` events (the first step of a run is a warm-up);
+  a step runs from the return of the previous metric callback to the next metric event;
 - plain torch, each part timed on its own and summed: a sampling loop with the HF model's KV cache
   (``--response-length`` tokens, softmax + multinomial), one no-grad forward over the 32 whole sequences
   each for the old log-probs (actor), the reference log-probs and the values (critic), and per trained
@@ -21,7 +22,8 @@ Four things are timed alternately in one run (engine run, then plain, in-process
   the overhead into factors: the compute code over plain torch, FSDP2 over unwrapped modules, and Ray
   dispatch plus the controller's own work (rule reward, GAE, metrics, events) over the in-process FSDP2 step.
 
-ratio = engine step time / sum of the plain parts (medians). Target: at most 1.25x.
+The first step of each is a warm-up and dropped. ratio = engine step time / sum of the plain parts (medians;
+the median of the per-turn ratios is given too). Target: at most 1.25x.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling bench module
-from bench_trl import MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, WORK, LR, Side, machine, run_attnboard  # noqa: E402
+from bench_trl import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, WORK, Side, machine, run_attnboard  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("generate", "log-probs (old, ref, values)", "actor update", "critic update")
@@ -227,11 +229,12 @@ def _total(rows: list[dict[str, float]]) -> float:
     return statistics.median(sum(row.values()) for row in rows)
 
 
-def report(engine: Side, timed: dict[str, list[dict[str, float]]], round_ratios: list[float], *,
+def report(engine: Side, timed: dict[str, list[dict[str, float]]], *,
            args: argparse.Namespace, info: dict[str, Any], started: datetime,
            load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
     e = statistics.median(engine.step_s)
     plain, code, fsdp = (_total(timed[v]) for v in VARIANTS)
+    pairs = [e_s / sum(row.values()) for e_s, row in zip(engine.step_s, timed[VARIANTS[0]])]
     ratio = e / plain
     met = ratio <= 1.25
     lines = [
@@ -242,14 +245,13 @@ def report(engine: Side, timed: dict[str, list[dict[str, float]]], round_ratios:
         f"{'/'.join(f'{x:.1f}' for x in load[0])} at the start, {'/'.join(f'{x:.1f}' for x in load[1])} at the end "
         "(a shared machine)",
         f"- software: Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}",
-        f"- command: `.venv/bin/python bench/bench_overhead.py --steps {args.steps} --rounds {args.rounds} "
+        f"- command: `.venv/bin/python bench/bench_overhead.py --steps {args.steps} "
         f"--response-length {args.response_length}`",
         f"- problem: builtin:tiny-llama (2 layers, hidden 64), fp32, sdpa, CPU, 1 torch thread; {ROWS} sequences a "
         f"step, prompts of 14 tokens, {args.response_length} response tokens; 1 PPO epoch, 1 mini-batch, "
         f"micro-batches of {MICRO}, AdamW",
-        f"- measured: {args.rounds} rounds, each an engine run of {args.steps} + 1 steps (`run_spec`, world size 1, "
-        f"one Ray rank actor, FSDP2), then {args.steps} + 1 steps of each in-process variant, alternated; the first "
-        "of each dropped; medians",
+        f"- measured: {args.steps} steps of each after one warm-up step, in turn: an engine step (`run_spec`, world "
+        "size 1, one Ray rank actor, FSDP2), then one step of each in-process variant; medians",
         "",
         "| part | " + " | ".join(VARIANTS) + " |",
         "|---|" + "---:|" * len(VARIANTS),
@@ -259,12 +261,12 @@ def report(engine: Side, timed: dict[str, list[dict[str, float]]], round_ratios:
     lines += [
         "| **sum** | " + " | ".join(f"**{_total(timed[v]) * 1000:.0f} ms**" for v in VARIANTS) + " |",
         "",
-        f"Engine step (time between consecutive metric events): median **{e * 1000:.0f} ms** "
+        f"Engine step (from the return of the previous metric callback to the next metric event): median **{e * 1000:.0f} ms** "
         f"(range {min(engine.step_s) * 1000:.0f} - {max(engine.step_s) * 1000:.0f} ms; its generation "
         f"`timing_s/gen` median {statistics.median(engine.gen_s) * 1000:.0f} ms).",
         "",
-        f"**ratio = engine step / sum of plain parts = {ratio:.2f}x** (per round: "
-        + ", ".join(f"{r:.2f}x" for r in round_ratios) + ").",
+        f"**ratio = engine step / sum of plain parts = {ratio:.2f}x**; median of the per-turn ratios "
+        f"{statistics.median(pairs):.2f}x (range {min(pairs):.2f} - {max(pairs):.2f}).",
         "",
         "Where the time goes, as factors that multiply to the ratio: "
         f"the compute code over plain torch {code / plain:.2f}x, FSDP2 over a world of 1 {fsdp / code:.2f}x, "
@@ -278,8 +280,7 @@ def report(engine: Side, timed: dict[str, list[dict[str, float]]], round_ratios:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per run (one warm-up step more)")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8, help="measured steps of each (one warm-up step more)")
     parser.add_argument("--response-length", type=int, default=16)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "overhead.md")
     args = parser.parse_args(argv)
@@ -298,39 +299,35 @@ def main(argv: list[str] | None = None) -> int:
     folder = models.ensure_builtin_folder("builtin:tiny-llama", cache_dir)
     ids, mask, eos, pad = prompt_batch(folder)
     r_len = args.response_length
-    engine, round_ratios = Side("engine"), []
+    engine = Side("engine")
     timed: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    m = {VARIANTS[0]: Models(folder), VARIANTS[1]: Models(folder), VARIANTS[2]: Models(folder, fsdp=True)}
+    generator = torch.Generator().manual_seed(0)
+    steps = {VARIANTS[0]: lambda: plain_step(m[VARIANTS[0]], ids, mask, r_len, generator),
+             VARIANTS[1]: lambda: inprocess_step(m[VARIANTS[1]], ids, mask, r_len, eos, pad, generator),
+             VARIANTS[2]: lambda: inprocess_step(m[VARIANTS[2]], ids, mask, r_len, eos, pad, generator)}
+    turns = [0]
+
+    def between_steps() -> None:
+        for variant, step in steps.items():
+            row = step()
+            if turns[0] > 0:  # the first step of each is a warm-up
+                timed[variant].append(row)
+        turns[0] += 1
+
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              namespace="attnboard-bench")
     try:
-        for r in range(args.rounds):
-            part = Side("engine")
-            run_attnboard(part, steps=args.steps, response_length=r_len, cache_dir=cache_dir,
-                          run_id=f"bench-overhead-{os.getpid()}-{r}")
-            m = {VARIANTS[0]: Models(folder), VARIANTS[1]: Models(folder), VARIANTS[2]: Models(folder, fsdp=True)}
-            generator = torch.Generator().manual_seed(r)
-            steps = {VARIANTS[0]: lambda: plain_step(m[VARIANTS[0]], ids, mask, r_len, generator),
-                     VARIANTS[1]: lambda: inprocess_step(m[VARIANTS[1]], ids, mask, r_len, eos, pad, generator),
-                     VARIANTS[2]: lambda: inprocess_step(m[VARIANTS[2]], ids, mask, r_len, eos, pad, generator)}
-            round_plain = []
-            for i in range(args.steps + 1):
-                for variant, step in steps.items():
-                    row = step()
-                    if i > 0:
-                        timed[variant].append(row)
-                        if variant == VARIANTS[0]:
-                            round_plain.append(row)
-            engine.step_s += part.step_s
-            engine.gen_s += part.gen_s
-            round_ratios.append(statistics.median(part.step_s) / _total(round_plain))
-            print(f"round {r + 1}: engine {statistics.median(part.step_s) * 1000:.0f} ms, plain "
-                  f"{_total(round_plain) * 1000:.0f} ms, ratio {round_ratios[-1]:.2f}x", flush=True)
+        run_attnboard(engine, steps=args.steps, response_length=r_len, cache_dir=cache_dir,
+                      run_id=f"bench-overhead-{os.getpid()}", between_steps=between_steps)
     finally:
         ray.shutdown()
         dist.destroy_process_group()
-    text = report(engine, timed, round_ratios, args=args, info=info, started=started,
-                  load=(load_start, os.getloadavg()))
+    for i, (e, row) in enumerate(zip(engine.step_s, timed[VARIANTS[0]]), start=1):
+        print(f"step {i}: engine {e * 1000:.0f} ms, plain {sum(row.values()) * 1000:.0f} ms, "
+              f"ratio {e / sum(row.values()):.2f}x")
+    text = report(engine, timed, args=args, info=info, started=started, load=(load_start, os.getloadavg()))
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
