@@ -131,7 +131,8 @@ def ray_local():
 def test_cpu_trial_through_the_api(client, write_headers, db_backend, ray_local):
     if db_backend != "sqlite":
         pytest.skip("the engine trial runs once, on SQLite")
-    resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC, "implementations": ["eager", "sdpa"],
+    resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC,
+                                            "implementations": ["eager", "sdpa", "flash_attention_2"],
                                             "steps": 2}, headers=write_headers)  # no environment: probed on Ray
     assert resp.status_code == 202, resp.text
     trial_id = resp.json()["id"]
@@ -143,11 +144,18 @@ def test_cpu_trial_through_the_api(client, write_headers, db_backend, ray_local)
     assert trial["status"] == "succeeded", trial["error"]
     result = TrialResult.from_dict(trial["result"])
     assert (result.environment["name"], result.environment["device"]) == ("probed node", "cpu")
-    assert [c.implementation for c in result.columns] == ["eager", "sdpa"]
-    for column in result.columns:
-        assert column.status == "ok"
+    assert [c.implementation for c in result.columns] == ["eager", "sdpa", "flash_attention_2"]
+    fa2 = result.column("flash_attention_2")  # the probed CPU node cannot load it: skipped with the reason
+    assert fa2.status == "skipped" and "flash-attn" in fa2.reason
+    for impl in ("eager", "sdpa"):
+        column = result.column(impl)
+        assert column.status == "ok", column.reason
+        assert [s.step for s in column.steps] == [1, 2]
         assert column.tokens_per_s > 0 and column.step_time_s > 0 and column.peak_memory_mb > 0
+        assert set(column.observed.values()) == {impl}  # every role's first forward ran this kernel
         assert column.parity_max_abs_diff < 1e-4 and column.parity_ok
+    assert result.column("eager").parity_max_abs_diff == 0.0
+    assert TrialResult.from_dict(result.as_dict()) == result
     assert result.recommendation.implementation in ("eager", "sdpa")
     assert "ms per step" in result.recommendation.reason
     page = soup(client.get(f"/trials/{trial_id}").text)

@@ -3,7 +3,6 @@ tiny model, 2 steps, through the engine and Ray)."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +19,6 @@ from worker.trial import (
     figures_from_events,
     parity_check,
     recommend,
-    run_trial,
     summarize,
     trial_spec,
     unloadable_reason,
@@ -191,35 +189,4 @@ def test_parity_of_eager_and_sdpa_on_the_same_weights_is_below_tolerance(tmp_pat
     assert isinstance(out["flash_attention_2"], str) and out["flash_attention_2"].startswith("ImportError")
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
-@pytest.mark.ray
-def test_cpu_trial_eager_vs_sdpa_on_the_tiny_model(ray_local, tmp_path):
-    seen: list[str] = []
-    result = run_trial(TINY, ["sdpa", "eager", "flash_attention_2"], steps=2, env=PROFILES["cpu"], cache_dir=tmp_path,
-                       on_column=lambda c: seen.append(c.implementation))
-    assert seen == ["sdpa", "eager", "flash_attention_2"]
-    fa2 = result.column("flash_attention_2")
-    assert fa2.status == "skipped" and "flash-attn" in fa2.reason
-    for impl in ("sdpa", "eager"):
-        c = result.column(impl)
-        assert c.status == "ok", c.reason
-        assert [s.step for s in c.steps] == [1, 2]
-        assert c.tokens_per_s > 0 and c.step_time_s > 0 and c.peak_memory_mb > 0
-        assert all(math.isfinite(s.tokens_per_s) and s.step_time_s > 0 for s in c.steps)
-        assert set(c.observed.values()) == {impl}  # every role's first forward ran this kernel
-        assert c.parity_ok and 0.0 <= c.parity_max_abs_diff < TOLERANCE_FP32
-    assert result.column("eager").parity_max_abs_diff == 0.0
-    rec = result.recommendation
-    assert rec.implementation in ("sdpa", "eager")
-    assert rec.implementation in rec.reason and "ms per step" in rec.reason
-    assert TrialResult.from_dict(result.as_dict()) == result
+# The real trial (Ray, two ranks per implementation) runs once, through the API: tests/app/test_trials.py.
