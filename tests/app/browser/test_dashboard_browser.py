@@ -8,7 +8,6 @@ injection, which must render as text), a run whose critic falls back, and its "r
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
