@@ -261,8 +261,20 @@ def _row(side: Side) -> str:
             f"{statistics.median(side.tokens):.0f} | {statistics.median(tps):.1f} | {max(tps):.1f} |")
 
 
+def gc_collect_s(repeats: int = 3) -> float:
+    """The median time of one ``gc.collect()`` in this process (TRL calls it twice in every update)."""
+    import gc
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        gc.collect()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, Any], started: datetime,
-           load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
+           load: tuple[tuple[float, ...], tuple[float, ...]], gc_s: float) -> str:
     ratio = ours.median_tps() / trl.median_tps()
     pairs = [a / t for a, t in zip(ours.tokens_per_s, trl.tokens_per_s)]
     best = max(ours.tokens_per_s) / max(trl.tokens_per_s)
@@ -298,6 +310,18 @@ def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, A
         "",
         f"Target: attnboard >= 2x TRL's tokens/s. **{'Met' if met else 'Not met'}**"
         + ("." if met else f": {ratio:.2f}x is {2.0 / ratio:.2f}x short of it."),
+        "",
+        "Where the time goes:",
+        "",
+        f"- Generation is a small part on both sides ({statistics.median(ours.gen_s):.2f} s vs "
+        f"{statistics.median(trl.gen_s):.2f} s); the updates (32 micro-batch forward/backward passes per trained "
+        "model) dominate.",
+        f"- TRL calls `gc.collect()` twice in every update; one call takes {gc_s * 1000:.0f} ms in this process "
+        f"(measured after the run), so about {2 * gc_s / statistics.median(trl.step_s):.0%} of TRL's median step "
+        "is garbage collection. TRL also runs a reward-model forward that attnboard's rule reward replaces.",
+        "- attnboard's step pays for FSDP2 over a world of 1 (hooks, all-gathers and reduce-scatters on every "
+        "forward, backward and decode step) and Ray dispatch: `bench/bench_overhead.py` measures these on the same "
+        "problem (`bench/results/overhead.md`).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -333,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
     for i, (a, t) in enumerate(zip(ours.tokens_per_s, trl.tokens_per_s), start=1):
         print(f"step {i}: attnboard {a:.1f} tokens/s, TRL {t:.1f} tokens/s, ratio {a / t:.2f}x")
-    text = report(ours, trl, args=args, info=info, started=started, load=(load_start, os.getloadavg()))
+    text = report(ours, trl, args=args, info=info, started=started, load=(load_start, os.getloadavg()),
+                  gc_s=gc_collect_s())
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
