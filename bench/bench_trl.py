@@ -308,6 +308,10 @@ def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, A
         f"{statistics.median(pairs):.2f}x (range {min(pairs):.2f} - {max(pairs):.2f}); best step against best step "
         f"{best:.2f}x.",
         "",
+        f"Tokens counted: attnboard's valid response tokens (rows end at EOS), TRL's generated tokens (no stop "
+        f"token, always {args.response_length} a row); counted by slots as TRL is, attnboard's figure would be "
+        f"{ROWS * args.response_length / statistics.median(ours.tokens):.2f}x higher.",
+        "",
         f"Target: attnboard >= 2x TRL's tokens/s. **{'Met' if met else 'Not met'}**"
         + ("." if met else f": {ratio:.2f}x is {2.0 / ratio:.2f}x short of it."),
         "",
