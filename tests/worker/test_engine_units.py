@@ -254,3 +254,52 @@ def test_gradient_checkpointing_is_skipped_out_loud_under_ulysses(actor_ckpt, ac
     for key in expected_keys:
         assert f"{key}=true is not applied" in note
     assert planning.checkpointing_applies(actor_ckpt, actor_sp) == (actor_ckpt and actor_sp == 1)
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A gloo process group of one rank in this process (FSDP2 needs one), torn down afterwards."""
+    import torch.distributed as dist
+
+    from worker.engine.rank import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def fsdp2(module: torch.nn.Module) -> torch.nn.Module:
+    """``RankWorker._shard``'s FSDP2 layout (each decoder layer, then the root) over a world of one."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in module.model.layers:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(module, mesh=mesh)
+
+
+def test_rollout_gathers_fsdp2_units_once_and_reshards_after(world_of_one):
+    from torch.distributed.tensor import DTensor
+
+    plain, wrapped = tiny_lm(), fsdp2(tiny_lm())
+    sharded_at_entry: list[bool] = []  # per layer forward: were its parameters still sharded before FSDP's hook?
+    for layer in wrapped.model.layers:
+        layer.register_forward_pre_hook(lambda module, args: sharded_at_entry.append(
+            isinstance(module.mlp.up_proj.weight, DTensor)), prepend=True)
+    prompt = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])  # (2, 5)
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    kwargs = dict(max_new_tokens=6, eos_token_id=None, pad_token_id=0, temperature=1.0, top_p=1.0,
+                  do_sample=False, generator=None)
+    expected = compute.generate(plain, prompt, prompt_mask, **kwargs)
+    got = compute.generate(wrapped, prompt, prompt_mask, **kwargs)
+    assert torch.equal(got["responses"], expected["responses"])
+    torch.testing.assert_close(got["rollout_log_probs"], expected["rollout_log_probs"])
+    assert sharded_at_entry == [False] * (2 * 6)  # two layers x six decode steps, none had to gather again
+    assert all(isinstance(p, DTensor) for p in wrapped.parameters())  # resharded on exit
+
+    sharded_at_entry.clear()
+    compute.policy_forward(wrapped, {**compute.assemble(prompt, prompt_mask, got["responses"], got["response_mask"]),
+                                     "responses": got["responses"]}, compute.NO_SP, temperature=1.0,
+                           with_entropy=False)
+    assert sharded_at_entry == [True, True]  # outside a rollout, FSDP2's defaults are back

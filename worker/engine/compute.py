@@ -13,10 +13,13 @@ The log-prob of response token ``j`` is read at position ``P - 1 + j`` (the logi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from worker import ppo_math
 from worker.engine import ulysses
@@ -48,6 +51,32 @@ def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float, do_sa
     return token, logp.gather(-1, token[:, None]).squeeze(-1)
 
 
+def fsdp2_units(model: torch.nn.Module) -> list[FSDPModule]:
+    """The FSDP2 units of a model (each decoder layer and the root, as ``RankWorker._shard`` wraps them)."""
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def unsharded(model: torch.nn.Module) -> Iterator[None]:
+    """Keep an FSDP2 model's parameters gathered across many forwards (a rollout's decode loop): one
+    all-gather per unit for the whole loop instead of one per unit per generated token.
+
+    Inside, no unit reshards after its forward; on exit every unit reshards and gets back
+    ``fully_shard``'s defaults (layers reshard after forward, the root keeps its parameters). FSDP1 and
+    unwrapped models pass through: FSDP1 forbids forwards inside ``summon_full_params``.
+    """
+    units = fsdp2_units(model)
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_reshard_after_forward(unit is not model, recurse=False)
+            unit.reshard()
+
+
 @torch.no_grad()
 def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
              max_new_tokens: int, eos_token_id: int | None, pad_token_id: int, temperature: float,
@@ -58,8 +87,9 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     prompt_ids, prompt_mask: (N, P) left-padded -> responses, response_mask, rollout_log_probs: (N, R),
     R = max_new_tokens; the EOS token is part of the response; after it the row is padding.
 
-    Under FSDP every rank must run the same number of forwards (each one gathers parameters), so the
-    loop stops only when the rows of every rank in ``sync_group`` are finished.
+    Under FSDP every rank must run the same number of forwards (each one may gather parameters), so
+    the loop stops only when the rows of every rank in ``sync_group`` are finished. An FSDP2 model is
+    gathered once around the whole loop (``unsharded``).
     """
     n = prompt_ids.shape[0]
     device = prompt_ids.device
@@ -69,25 +99,26 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     cache = None
     tokens, logps, alive_steps = [], [], []
     alive = torch.ones(n, dtype=torch.bool, device=device)  # (N,)
-    for _ in range(max_new_tokens):
-        out = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
-        cache = out.cache
-        token, logp = sample_next(out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p,
-                                  do_sample=do_sample, generator=generator)  # (N,), (N,)
-        token = torch.where(alive, token, torch.full_like(token, pad_token_id))
-        tokens.append(token)
-        logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
-        alive_steps.append(alive.clone())
-        if eos_token_id is not None:
-            alive = alive & (token != eos_token_id)
-        remaining = torch.tensor([int(alive.any())], dtype=torch.long, device=device)  # nccl reduces on the GPU
-        if sync_group is not None and dist.get_world_size(sync_group) > 1:
-            dist.all_reduce(remaining, group=sync_group)
-        if int(remaining) == 0:
-            break
-        inputs = token[:, None]  # (N, 1)
-        mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype, device=device)], dim=1)  # (N, P + t + 1)
-        position_ids = position_ids[:, -1:] + 1  # (N, 1)
+    with unsharded(model):
+        for _ in range(max_new_tokens):
+            out = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
+            cache = out.cache
+            token, logp = sample_next(out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p,
+                                      do_sample=do_sample, generator=generator)  # (N,), (N,)
+            token = torch.where(alive, token, torch.full_like(token, pad_token_id))
+            tokens.append(token)
+            logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
+            alive_steps.append(alive.clone())
+            if eos_token_id is not None:
+                alive = alive & (token != eos_token_id)
+            remaining = torch.tensor([int(alive.any())], dtype=torch.long, device=device)  # nccl reduces on the GPU
+            if sync_group is not None and dist.get_world_size(sync_group) > 1:
+                dist.all_reduce(remaining, group=sync_group)
+            if int(remaining) == 0:
+                break
+            inputs = token[:, None]  # (N, 1)
+            mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype, device=device)], dim=1)  # (N, P + t + 1)
+            position_ids = position_ids[:, -1:] + 1  # (N, 1)
     steps = len(tokens)
     responses = torch.full((n, max_new_tokens), pad_token_id, dtype=prompt_ids.dtype, device=device)  # (N, R)
     response_mask = torch.zeros(n, max_new_tokens, dtype=torch.long, device=device)  # (N, R)
