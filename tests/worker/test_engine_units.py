@@ -303,3 +303,16 @@ def test_rollout_gathers_fsdp2_units_once_and_reshards_after(world_of_one):
                                      "responses": got["responses"]}, compute.NO_SP, temperature=1.0,
                            with_entropy=False)
     assert sharded_at_entry == [True, True]  # outside a rollout, FSDP2's defaults are back
+
+
+def test_gradient_sync_reduces_fsdp2_gradients_once_per_mini_batch(world_of_one):
+    plain, wrapped = tiny_lm().train(), fsdp2(tiny_lm()).train()
+    ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15], [3, 5, 7, 9, 11]])  # (4, 5)
+    plain(input_ids=ids).logits.sum().backward()  # the whole mini-batch at once
+    for micro, last in ((ids[:2], False), (ids[2:], True)):
+        with compute.gradient_sync(wrapped, last):
+            wrapped(input_ids=micro).logits.sum().backward()
+        if not last:  # accumulated unreduced: nothing has reached the sharded gradients yet
+            assert all(p.grad is None for p in wrapped.parameters())
+    for (name, p), q in zip(plain.named_parameters(), wrapped.parameters()):
+        torch.testing.assert_close(q.grad.full_tensor(), p.grad, atol=1e-5, rtol=1e-4, msg=name)

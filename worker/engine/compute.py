@@ -271,6 +271,32 @@ def clip_grad(model: torch.nn.Module, max_norm: float) -> float:
     return float(norm)
 
 
+@contextmanager
+def gradient_sync(model: torch.nn.Module, sync: bool) -> Iterator[None]:
+    """A micro-batch's forward and backward, reducing gradients across ranks only when ``sync``.
+
+    Gradient accumulation syncs on the last micro-batch of a mini-batch only: the earlier ones
+    accumulate locally (FSDP2 ``set_requires_gradient_sync``, FSDP1 ``no_sync``) and the last
+    reduce-scatters the sum once. Unwrapped models have nothing to sync.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+    if isinstance(model, FSDP) and not sync:
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def _accumulate(mini: dict[str, torch.Tensor], micro_batch: int) -> Iterator[tuple[dict[str, torch.Tensor], bool]]:
+    """-> (micro-batch, is it the mini-batch's last)."""
+    micros = list(iter_minibatches(mini, micro_batch))
+    for i, micro in enumerate(micros):
+        yield micro, i == len(micros) - 1
+
+
 def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for row in rows for k in row}
     return {k: sum(row[k] for row in rows if k in row) / sum(1 for row in rows if k in row) for k in sorted(keys)}
@@ -285,9 +311,10 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
         for mini in iter_minibatches(batch, settings.mini_batch):
             optimizer.zero_grad(set_to_none=True)
             n_mini = len(mini["input_ids"])
-            for micro in iter_minibatches(mini, settings.micro_batch):
-                loss, metrics = actor_loss(model, micro, sp, settings)
-                (loss * (len(micro["input_ids"]) / n_mini)).backward()
+            for micro, last in _accumulate(mini, settings.micro_batch):
+                with gradient_sync(model, last):
+                    loss, metrics = actor_loss(model, micro, sp, settings)
+                    (loss * (len(micro["input_ids"]) / n_mini)).backward()
                 rows.append(metrics)
             grad_norm = clip_grad(model, settings.grad_clip)
             if math.isfinite(grad_norm):
@@ -304,11 +331,12 @@ def update_critic(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batc
         for mini in iter_minibatches(batch, settings.mini_batch):
             optimizer.zero_grad(set_to_none=True)
             n_mini = len(mini["input_ids"])
-            for micro in iter_minibatches(mini, settings.micro_batch):
-                vpreds = value_forward(model, micro, sp)  # (n, R)
-                loss, metrics = ppo_math.compute_value_loss(vpreds, micro["values"], micro["returns"],
-                                                            micro["response_mask"], settings.cliprange_value)
-                (loss * (len(micro["input_ids"]) / n_mini)).backward()
+            for micro, last in _accumulate(mini, settings.micro_batch):
+                with gradient_sync(model, last):
+                    vpreds = value_forward(model, micro, sp)  # (n, R)
+                    loss, metrics = ppo_math.compute_value_loss(vpreds, micro["values"], micro["returns"],
+                                                                micro["response_mask"], settings.cliprange_value)
+                    (loss * (len(micro["input_ids"]) / n_mini)).backward()
                 rows.append(metrics)
             grad_norm = clip_grad(model, settings.grad_clip)
             if math.isfinite(grad_norm):
