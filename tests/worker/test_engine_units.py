@@ -316,3 +316,18 @@ def test_gradient_sync_reduces_fsdp2_gradients_once_per_mini_batch(world_of_one)
             assert all(p.grad is None for p in wrapped.parameters())
     for (name, p), q in zip(plain.named_parameters(), wrapped.parameters()):
         torch.testing.assert_close(q.grad.full_tensor(), p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2", "fsdp_turbo"])
+def test_a_world_of_one_rank_is_left_unwrapped(strategy):
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    from worker.engine.rank import RolePlan
+
+    plan = RolePlan(role="actor", loader="causal_lm", folder="unused", override_config={}, candidates=["sdpa"],
+                    requested="sdpa", forced=False, reasons=[], strategy=strategy, sp=1, trained=True)
+    model = tiny_lm()
+    wrapped, optimizer = RankWorker(rank=0, world=1, run_id="unit")._shard(model, plan)
+    assert wrapped is model
+    assert not any(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in wrapped.modules())
+    assert optimizer.param_groups[0]["params"] == list(model.parameters())

@@ -222,30 +222,39 @@ class RankWorker:
         raise RoleLoadError(p.role, attempts)
 
     def _shard(self, module: torch.nn.Module, p: RolePlan) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
-        """Wrap with the role's FSDP flavour; trained roles get an AdamW over the sharded parameters."""
+        """Wrap with the role's FSDP flavour; trained roles get an AdamW over the sharded parameters.
+
+        A world of one rank (so no sequence parallelism either) leaves the module unwrapped: there is
+        nothing to shard, and FSDP's hooks on every forward, decode step and backward would only cost
+        time. Everything downstream (gradient clipping, full gradients, saving) handles plain modules.
+        """
         if not p.trained:
             module.requires_grad_(False)
             module.eval()
+        if self.world > 1:
+            module = self._wrap(module, p.strategy)
+        optimizer = None
+        if p.trained:
+            optimizer = torch.optim.AdamW(module.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+        return module, optimizer
+
+    def _wrap(self, module: torch.nn.Module, strategy: str) -> torch.nn.Module:
+        """FSDP1 or FSDP2 (also under fsdp_turbo) over the whole world, one unit per decoder layer plus the root."""
         layers = list(getattr(getattr(module, "model", module), "layers", []))
-        if p.strategy == "fsdp":
+        if strategy == "fsdp":
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
             device_id = torch.device("cpu") if self.device == "cpu" else torch.device("cuda", 0)
             policy = ModuleWrapPolicy({type(layers[0])}) if layers else None
-            module = FSDP(module, device_id=device_id, auto_wrap_policy=policy, use_orig_params=True)
-        else:  # fsdp2, and fsdp_turbo which runs FSDP2 underneath
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
+            return FSDP(module, device_id=device_id, auto_wrap_policy=policy, use_orig_params=True)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
 
-            mesh = init_device_mesh(self.device, (self.world,))
-            for layer in layers:
-                fully_shard(layer, mesh=mesh)
-            fully_shard(module, mesh=mesh)
-        optimizer = None
-        if p.trained:
-            optimizer = torch.optim.AdamW(module.parameters(), lr=p.lr, weight_decay=p.weight_decay)
-        return module, optimizer
+        mesh = init_device_mesh(self.device, (self.world,))
+        for layer in layers:
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(module, mesh=mesh)
 
     # ---- compute (batches already split by data-parallel rank)
 
