@@ -289,8 +289,8 @@ def test_rollout_gathers_fsdp2_units_once_and_reshards_after(world_of_one):
             isinstance(module.mlp.up_proj.weight, DTensor)), prepend=True)
     prompt = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])  # (2, 5)
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    kwargs = dict(max_new_tokens=6, eos_token_id=None, pad_token_id=0, temperature=1.0, top_p=1.0,
-                  do_sample=False, generator=None)
+    kwargs = {"max_new_tokens": 6, "eos_token_id": None, "pad_token_id": 0, "temperature": 1.0, "top_p": 1.0,
+              "do_sample": False, "generator": None}
     expected = compute.generate(plain, prompt, prompt_mask, **kwargs)
     got = compute.generate(wrapped, prompt, prompt_mask, **kwargs)
     assert torch.equal(got["responses"], expected["responses"])
