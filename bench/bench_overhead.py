@@ -10,7 +10,8 @@ step (8 ``builtin:count`` prompts x 4 samples, prompts of 14 tokens), ``--respon
 Four things are timed step by step in turn in one run: an engine step, then (inside the engine's metric
 callback, outside its step time) one step of each in-process variant, then the next engine step, ...:
 
-- engine: ``run_spec`` with ``trainer.n_gpus_per_node=1`` (one Ray rank actor, FSDP2 over a world of 1);
+- engine: ``run_spec`` with ``trainer.n_gpus_per_node=1`` (one Ray rank actor; at a world of 1 the engine
+  leaves its models unwrapped, ``RankWorker._shard``);
   a step runs from the return of the previous metric callback to the next metric event;
 - plain torch, each part timed on its own and summed: a sampling loop with the HF model's KV cache
   (``--response-length`` tokens, softmax + multinomial), one no-grad forward over the 32 whole sequences
@@ -18,9 +19,10 @@ callback, outside its step time) one step of each in-process variant, then the n
   model 16 micro-batch forward+backward passes of the clipped PPO loss followed by one AdamW step;
 - in-process: the engine's own compute functions (``worker.engine.compute``: ``generate``,
   ``policy_forward``, ``value_forward``, ``update_actor``, ``update_critic``) on the same plain modules, then
-  on modules wrapped with FSDP2 over a world of 1 (the engine's layout), in this process, no Ray. They split
-  the overhead into factors: the compute code over plain torch, FSDP2 over unwrapped modules, and Ray
-  dispatch plus the controller's own work (rule reward, GAE, metrics, events) over the in-process FSDP2 step.
+  on modules wrapped with FSDP2 over a world of 1 (the engine's layout at a world > 1), in this process, no
+  Ray. They split the overhead into factors: the compute code over plain torch, and Ray dispatch plus the
+  controller's own work (rule reward, GAE, metrics, events) over the in-process compute code; the FSDP2
+  column shows what wrapping would cost (the engine skips it at a world of 1).
 
 The first step of each is a warm-up and dropped. ratio = engine step time / sum of the plain parts (medians;
 the median of the per-turn ratios is given too). Target: at most 1.25x.
@@ -265,7 +267,7 @@ def report(engine: Side, timed: dict[str, list[dict[str, float]]], *,
         f"step, prompts of 14 tokens, {args.response_length} response tokens; 1 PPO epoch, 1 mini-batch, "
         f"micro-batches of {MICRO}, AdamW",
         f"- measured: {args.steps} steps of each after one warm-up step, in turn: an engine step (`run_spec`, world "
-        "size 1, one Ray rank actor, FSDP2), then one step of each in-process variant; medians",
+        "size 1, one Ray rank actor, models unwrapped), then one step of each in-process variant; medians",
         "",
         "| part | " + " | ".join(VARIANTS) + " |",
         "|---|" + "---:|" * len(VARIANTS),
@@ -283,18 +285,13 @@ def report(engine: Side, timed: dict[str, list[dict[str, float]]], *,
         f"{statistics.median(pairs):.2f}x (range {min(pairs):.2f} - {max(pairs):.2f}).",
         "",
         "Where the time goes, as factors that multiply to the ratio: "
-        f"the compute code over plain torch {code / plain:.2f}x, FSDP2 over a world of 1 {fsdp / code:.2f}x, "
-        f"Ray dispatch and the controller's own work (rule reward, GAE, metrics, events) {e / fsdp:.2f}x. "
-        f"torch.profiler over one in-process FSDP2 step (after the run): {fsdp_self:.0%} of the self CPU time is "
-        "in FSDP2's pre/post forward and backward hooks and DTensor dispatch: each model has three FSDP units (two "
-        "layers and the root), each unsharded and resharded on every forward, every decode step and every "
-        "backward, its gradients reduce-scattered after every micro-batch, a fixed cost per call that on this "
-        "tiny model is a large fraction of the compute, although a world of 1 shards nothing.",
-        "",
-        "Not measured here, an estimate from the factors: without FSDP2 at a world of 1 the ratio would be about "
-        f"{code / plain * e / fsdp:.2f}x (compute code x Ray/controller). Engine changes that would get there: "
-        "leave a role unwrapped when its data-parallel world is 1, skip the gradient reduce-scatter on all but the "
-        "last micro-batch (`set_requires_gradient_sync(False)`), unshard the actor once around the decode loop.",
+        f"the compute code over plain torch {code / plain:.2f}x, "
+        f"Ray dispatch and the controller's own work (rule reward, GAE, metrics, events) {e / code:.2f}x. "
+        "At a world of 1 the engine leaves its models unwrapped (nothing to shard); wrapped with FSDP2 as at a "
+        f"larger world, the in-process step would take {fsdp / code:.2f}x the unwrapped one: torch.profiler over "
+        f"one in-process FSDP2 step (after the run) puts {fsdp_self:.0%} of its self CPU time in FSDP2's pre/post "
+        "forward and backward hooks and DTensor dispatch (three FSDP units a model, two layers and the root; "
+        "gathered once per rollout for the whole decode loop, gradients reduce-scattered once per mini-batch).",
         "",
         f"Target: at most 1.25x. **{'Met' if met else 'Not met'}**"
         + ("." if met else f": {ratio:.2f}x is {ratio / 1.25:.2f}x over it."),

@@ -15,7 +15,7 @@ in a thread and waits for it to end.
 - the same update: 1 PPO epoch, 1 mini-batch of 32, micro-batches of 2 (16 forward/backward passes per
   model, one optimizer step per model);
 - one process of compute each, one torch thread each: attnboard through the real engine, ``run_spec`` with
-  ``trainer.n_gpus_per_node=1`` (one Ray rank actor, FSDP2 over a world of 1, gloo); TRL in this process.
+  ``trainer.n_gpus_per_node=1`` (one Ray rank actor, models unwrapped at a world of 1, gloo); TRL in this process.
 
 Throughput = generated response tokens / wall time of a step. attnboard's step runs from the return of the
 previous metric callback to its next metric event (so TRL's turn is not in it); TRL's from its release to
@@ -293,7 +293,7 @@ def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, A
         f"{ROWS} sequences a step, prompts of 14 tokens, {args.response_length} response tokens sampled at "
         f"temperature 1; 1 PPO epoch, 1 mini-batch, micro-batches of {MICRO}, one AdamW step per model; policy, "
         "reference, critic (and TRL's reward model) from the same folder",
-        "- attnboard: `worker.engine.controller.run_spec`, world size 1 (one Ray rank actor, FSDP2, gloo), "
+        "- attnboard: `worker.engine.controller.run_spec`, world size 1 (one Ray rank actor, models unwrapped, gloo), "
         "rule reward; TRL: `PPOTrainer.train()` in a thread of the bench process (reward model forward, KL in reward)",
         f"- measured: {args.steps} steps a side after one warm-up step each, taken in turn (attnboard, TRL, "
         "attnboard, ...); tokens/s = response tokens / step wall time",
@@ -323,9 +323,8 @@ def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, A
         f"- TRL calls `gc.collect()` twice in every update; one call takes {gc_s * 1000:.0f} ms in this process "
         f"(measured after the run), so about {2 * gc_s / statistics.median(trl.step_s):.0%} of TRL's median step "
         "is garbage collection. TRL also runs a reward-model forward that attnboard's rule reward replaces.",
-        "- attnboard's step pays for FSDP2 over a world of 1 (hooks, all-gathers and reduce-scatters on every "
-        "forward, backward and decode step) and Ray dispatch: `bench/bench_overhead.py` measures these on the same "
-        "problem (`bench/results/overhead.md`).",
+        "- attnboard's step pays for Ray dispatch and the controller's own work (its models run unwrapped at a "
+        "world of 1): `bench/bench_overhead.py` measures this on the same problem (`bench/results/overhead.md`).",
     ]
     return "\n".join(lines) + "\n"
 
