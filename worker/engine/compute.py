@@ -13,7 +13,7 @@ The log-prob of response token ``j`` is read at position ``P - 1 + j`` (the logi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -302,44 +302,46 @@ def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(row[k] for row in rows if k in row) / sum(1 for row in rows if k in row) for k in sorted(keys)}
 
 
-def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                 sp: SeqParallel, settings: ActorSettings) -> dict[str, float]:
-    """ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation)."""
+def _ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], *,
+                loss_fn: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]],
+                ppo_epochs: int, mini_batch: int, micro_batch: int, grad_clip: float, role: str) -> dict[str, float]:
+    """ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation, reduced
+    across ranks once, on the last micro-batch). ``loss_fn(micro) -> (loss, metrics)``."""
     model.train()
     rows: list[dict[str, float]] = []
-    for _ in range(settings.ppo_epochs):
-        for mini in iter_minibatches(batch, settings.mini_batch):
+    for _ in range(ppo_epochs):
+        for mini in iter_minibatches(batch, mini_batch):
             optimizer.zero_grad(set_to_none=True)
             n_mini = len(mini["input_ids"])
-            for micro, last in _accumulate(mini, settings.micro_batch):
+            for micro, last in _accumulate(mini, micro_batch):
                 with gradient_sync(model, last):
-                    loss, metrics = actor_loss(model, micro, sp, settings)
+                    loss, metrics = loss_fn(micro)
                     (loss * (len(micro["input_ids"]) / n_mini)).backward()
                 rows.append(metrics)
-            grad_norm = clip_grad(model, settings.grad_clip)
+            grad_norm = clip_grad(model, grad_clip)
             if math.isfinite(grad_norm):
                 optimizer.step()
-            rows.append({"actor/grad_norm": grad_norm})
+            rows.append({f"{role}/grad_norm": grad_norm})
     return _mean_metrics(rows)
+
+
+def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+                 sp: SeqParallel, settings: ActorSettings) -> dict[str, float]:
+    """The actor's PPO update: clipped policy loss (+ entropy bonus, + KL loss)."""
+    return _ppo_update(model, optimizer, batch, loss_fn=lambda micro: actor_loss(model, micro, sp, settings),
+                       ppo_epochs=settings.ppo_epochs, mini_batch=settings.mini_batch,
+                       micro_batch=settings.micro_batch, grad_clip=settings.grad_clip, role="actor")
 
 
 def update_critic(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                   sp: SeqParallel, settings: CriticSettings) -> dict[str, float]:
-    model.train()
-    rows: list[dict[str, float]] = []
-    for _ in range(settings.ppo_epochs):
-        for mini in iter_minibatches(batch, settings.mini_batch):
-            optimizer.zero_grad(set_to_none=True)
-            n_mini = len(mini["input_ids"])
-            for micro, last in _accumulate(mini, settings.micro_batch):
-                with gradient_sync(model, last):
-                    vpreds = value_forward(model, micro, sp)  # (n, R)
-                    loss, metrics = ppo_math.compute_value_loss(vpreds, micro["values"], micro["returns"],
-                                                                micro["response_mask"], settings.cliprange_value)
-                    (loss * (len(micro["input_ids"]) / n_mini)).backward()
-                rows.append(metrics)
-            grad_norm = clip_grad(model, settings.grad_clip)
-            if math.isfinite(grad_norm):
-                optimizer.step()
-            rows.append({"critic/grad_norm": grad_norm})
-    return _mean_metrics(rows)
+    """The critic's PPO update: clipped value loss."""
+
+    def value_loss(micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        vpreds = value_forward(model, micro, sp)  # (n, R)
+        return ppo_math.compute_value_loss(vpreds, micro["values"], micro["returns"], micro["response_mask"],
+                                           settings.cliprange_value)
+
+    return _ppo_update(model, optimizer, batch, loss_fn=value_loss, ppo_epochs=settings.ppo_epochs,
+                       mini_batch=settings.mini_batch, micro_batch=settings.micro_batch,
+                       grad_clip=settings.grad_clip, role="critic")
