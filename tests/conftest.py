@@ -191,3 +191,20 @@ def write_headers(session: Session) -> dict[str, str]:
 @pytest.fixture
 def read_headers(session: Session) -> dict[str, str]:
     return _token_headers(session, ["read"])
+
+
+# --------------------------------------------------------------------------------------------
+# Ray for the modules that run the engine in-process: one local instance per module, on loopback.
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                 namespace="attnboard-tests")
+    yield
+    if started:
+        ray.shutdown()

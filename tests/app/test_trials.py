@@ -116,19 +116,8 @@ def test_the_run_form_starts_a_trial(api, client, session):
 # A real trial through the API
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 @pytest.mark.ray
-def test_cpu_trial_through_the_api(client, write_headers, db_backend, ray_local):
+def test_cpu_trial_through_the_api(client, write_headers, db_backend, local_ray):
     if db_backend != "sqlite":
         pytest.skip("the engine trial runs once, on SQLite")
     resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC,

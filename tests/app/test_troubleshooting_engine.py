@@ -21,17 +21,6 @@ ENGINE_SPEC = {"data.max_response_length": 8, "trainer.total_training_steps": 2,
                "attnboard.fallback_policy": "fallback"}
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def execute(client, headers, run: dict[str, Any], cache_dir) -> str:
     """Run a stored run's spec through the engine and store its events as the pump does."""
     from app.services.pump import to_event_create
@@ -48,7 +37,7 @@ def execute(client, headers, run: dict[str, Any], cache_dir) -> str:
     return state
 
 
-def test_fallback_run_entry_retried_with_its_remedy_succeeds(client, write_headers, db_backend, ray_local, tmp_path):
+def test_fallback_run_entry_retried_with_its_remedy_succeeds(client, write_headers, db_backend, local_ray, tmp_path):
     if db_backend != "sqlite":
         pytest.skip("engine end-to-end runs once, on SQLite")
     run = make_run(client, write_headers, name="fa2 default on cpu", **ENGINE_SPEC)

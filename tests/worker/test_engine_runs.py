@@ -23,14 +23,6 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             namespace="attnboard-tests")
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
 

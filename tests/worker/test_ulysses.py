@@ -46,14 +46,6 @@ def test_global_bias_is_the_causal_padding_mask_eager_attention_uses():
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             namespace="attnboard-tests")
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return models.ensure_builtin_folder("builtin:tiny-llama", tmp_path_factory.mktemp("models"))
 
