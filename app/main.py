@@ -89,11 +89,15 @@ def _start_ray(app: FastAPI, settings: Settings) -> Supervisor:
     """Join Ray (starting the embedded head when no address is set) and start the supervisor. Ray being
     down does not stop the app: submissions answer 503 and the supervisor retries."""
     runtime = RayRuntime(address=settings.RAY_ADDRESS, data_dir=settings.DATA_DIR, num_cpus=settings.RAY_NUM_CPUS)
-    launcher = RayLauncher(runtime, model_roots=[str(root) for root in settings.MODEL_ROOTS])
+    launcher = RayLauncher(runtime, model_roots=[str(root) for root in settings.MODEL_ROOTS],
+                           warm_ranks=settings.WARM_RANKS, warm_device=settings.WARM_DEVICE)
     try:
         runtime.ensure()
+        launcher.warm()
     except RayUnavailable as exc:
         log.error("Ray is not available yet (%s); runs stay queued until it is", exc)
+    except Exception:  # noqa: BLE001 - the first launch starts the engine host instead
+        log.exception("could not start the engine host now; the first run starts it")
     app.state.launcher = launcher
     supervisor = Supervisor(app.state.engine, launcher, app.state.run_changes)
     supervisor.start()

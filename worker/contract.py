@@ -31,3 +31,5 @@ class RunState(str, Enum):
 
 
 TERMINAL = frozenset({RunState.succeeded.value, RunState.failed.value, RunState.cancelled.value})
+
+NAMESPACE = "attnboard"  # the Ray namespace of the engine host and of the rank actors named after a run

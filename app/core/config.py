@@ -13,7 +13,7 @@ import re
 import secrets
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -79,6 +79,18 @@ class Settings(BaseSettings):
         le=4096,
         description="CPUs the embedded Ray head offers (each CPU rank takes one); 0 means the machine's CPU "
         "count. Ignored when RAY_ADDRESS is set.",
+    )
+    WARM_RANKS: int = Field(
+        1,
+        ge=0,
+        le=1024,
+        description="Rank workers the engine keeps started between runs, so a run that fits in them starts "
+        "without waiting for new processes; each holds what a rank asks Ray for (1 CPU, plus 1 GPU on cuda) "
+        "and the scheduler counts idle ones as free. 0 starts new rank workers for every run.",
+    )
+    WARM_DEVICE: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="Device of the warm rank workers: cpu, or cuda for runs with trainer.device=cuda.",
     )
     MODEL_ROOTS: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,

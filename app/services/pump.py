@@ -3,11 +3,10 @@
 The supervisor (one thread per app process, started in the app's lifespan) repeats a short pass:
 
 1. **pump**: for every unfinished run with a controller, pull ``events_since(last_seq)`` from the
-   controller, store them with ``append_events`` (idempotent on ``(run_id, seq)``, refuses gaps), then
-   ``ack`` the last stored seq; a finished run whose events are all acknowledged lets its controller
-   stop its ranks and exit. The database is the only record of progress: a restarted app continues
+   engine host, store them with ``append_events`` (idempotent on ``(run_id, seq)``, refuses gaps), then
+   ``ack`` the last stored seq; a finished run whose events are all acknowledged is dropped by the host. The database is the only record of progress: a restarted app continues
    from each run's ``last_seq``, so nothing is lost or stored twice.
-2. **reconcile**: a run whose controller is gone (after a restart, or because its process died) is
+2. **reconcile**: a run whose controller is gone (after a restart, or because the host died) is
    marked ``failed`` with the cause and an ``error`` event (``cancelled`` if a cancel was pending), so
    no run stays unfinished after its workers are gone.
 3. **schedule**: ``ray_launcher.schedule`` starts queued runs that fit.
@@ -21,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +41,6 @@ BATCH = 1000
 TICK_S = 0.25
 MAX_WAIT_S = 300.0
 RECHECK_S = 2.0
-CONTROLLER_NAME = re.compile(r"attnboard-run-(\d+)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,21 +234,23 @@ class Supervisor:
         return more
 
     def _release_finished(self, session: Session) -> None:
-        """After a restart: a controller whose run is already finished here (the app stopped between storing
-        the last event and acknowledging it) is acknowledged now, so it stops its ranks and exits."""
-        from ray.util import list_named_actors
+        """After a restart: a run the engine host still has but that is finished here (the app stopped between
+        storing the last event and acknowledging it) is acknowledged now, so the host drops it."""
+        import ray
 
-        names = {a["name"] for a in list_named_actors(all_namespaces=True) if a.get("namespace") == "attnboard"}
-        ids = [int(m.group(1)) for name in names if (m := CONTROLLER_NAME.fullmatch(name))]
+        from worker.engine.host import RunHandle, find_host
+
+        host = find_host()
+        if host is None:
+            return
+        ids = [int(run_id) for run_id in ray.get(host.run_ids.remote(), timeout=30) if run_id.isdigit()]
         if not ids:
             return
         finished = session.exec(select(Run).where(col(Run.id).in_(ids),
                                                   col(Run.status).in_([s.value for s in TERMINAL_STATUSES]))).all()
         for run in finished:
-            handle = self.launcher.controller(run.id)
-            if handle is not None:
-                log.info("run %s is %s: acknowledging its leftover controller", run.id, run.status)
-                handle.ack.remote(run.last_seq)
+            log.info("run %s is %s: acknowledging it in the engine host", run.id, run.status)
+            RunHandle(host, str(run.id)).ack(run.last_seq)
 
     def _ready(self, refs: list[Any]) -> list[Any]:
         import ray
@@ -273,7 +272,7 @@ class Supervisor:
             self._gone(session, run, "not found after restart" if self._after_restart else "not found")
             return None
         self._handles[run.id] = handle
-        ref = handle.events_since.remote(run.last_seq, BATCH)
+        ref = handle.events_since(run.last_seq, BATCH)
         self._pending[run.id] = (ref, run.last_seq)
         return ref
 
@@ -282,6 +281,8 @@ class Supervisor:
         Returns (events stored, whether the batch was full)."""
         import ray
         from ray.exceptions import RayActorError
+
+        from worker.engine.host import RunUnknown
 
         assert run.id is not None
         self._pending.pop(run.id, None)
@@ -292,7 +293,10 @@ class Supervisor:
             self._handles.pop(run.id, None)
             text = str(exc).strip()
             cause = text.splitlines()[0] if text else type(exc).__name__
-            return self._gone(session, run, f"died ({cause})"), False
+            return self._gone(session, run, f"died with the engine host ({cause})"), False
+        except RunUnknown:  # the host was replaced, or dropped the run
+            self._handles.pop(run.id, None)
+            return self._gone(session, run, "not found in the engine host"), False
         if not events:
             return 0, False
         try:
@@ -305,7 +309,7 @@ class Supervisor:
             return self._gone(session, run, f"was stopped: its events could not be stored ({exc.message})"), False
         session.refresh(run)
         if handle is not None:
-            handle.ack.remote(result.last_seq)  # idempotent; a finished, fully acknowledged run exits
+            handle.ack(result.last_seq)  # idempotent; a finished, fully acknowledged run is dropped
         if run.status in {s.value for s in TERMINAL_STATUSES}:
             self._handles.pop(run.id, None)
         return result.inserted, len(events) >= BATCH

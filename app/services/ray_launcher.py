@@ -1,5 +1,5 @@
-"""The Ray launcher: runs become detached controller actors (``worker.engine.controller``), started FIFO
-when the cluster has room for their ranks.
+"""The Ray launcher: runs go to the engine host (``worker.engine.host``, a detached Ray actor that runs each
+run's controller and keeps warm rank actors), started FIFO when the cluster has room for their ranks.
 
 Submitting only checks that Ray is reachable (503 otherwise; the run stays ``queued`` with its spec)
 and wakes the scheduler. The scheduler (``schedule``, called by the supervisor thread in
@@ -9,7 +9,7 @@ the controller asks Ray); otherwise it stays ``queued`` and ``status_reason`` sa
 A run that needs more than the whole cluster does not hold up the runs behind it.
 
 Resource accounting keeps the state in the database and Ray: free = min(cluster total - what our
-submitted, unfinished runs need, what Ray reports available).
+submitted, unfinished runs need, what Ray reports available + what the engine's idle warm ranks hold).
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ log = logging.getLogger("attnboard.scheduler")
 
 CONTROLLER_PREFIX = "attnboard-run-"
 ACTIVE = [s.value for s in RunStatus if s not in TERMINAL_STATUSES]
+HOST_CALL_TIMEOUT_S = 30.0
+LAUNCH_TIMEOUT_S = 180.0  # the first launch may have to start the engine host's process
 
 
 def controller_name(run_id: int) -> str:
-    """The name of a run's controller actor (the worker's ``controller_name`` of ``str(run_id)``)."""
+    """A run's name in the engine and its ``ray_job`` (the worker's ``controller_name`` of ``str(run_id)``)."""
     return f"{CONTROLLER_PREFIX}{run_id}"
 
 
@@ -132,9 +134,11 @@ def plan_queue(queue: list[tuple[int, Need]], free: Mapping[str, float], total: 
 class RayLauncher:
     """The ``Launcher`` of ``app.services.launcher`` on Ray; ``wake`` is set to nudge the scheduler."""
 
-    def __init__(self, runtime: RayRuntime, *, model_roots: list[str] | None = None):
+    def __init__(self, runtime: RayRuntime, *, model_roots: list[str] | None = None, warm_ranks: int = 0,
+                 warm_device: str = "cpu"):
         self.runtime = runtime
         self.model_roots = model_roots or []
+        self.warm_ranks, self.warm_device = warm_ranks, warm_device
         self.wake = threading.Event()
 
     # ---- the Launcher protocol
@@ -162,7 +166,7 @@ class RayLauncher:
         if run.status == RunStatus.queued.value:
             self.kill_run(run.id)
         else:
-            handle.cancel.remote("cancelled by the user")
+            handle.cancel("cancelled by the user")
         self.wake.set()
 
     # ---- Ray access for the scheduler and the pump
@@ -173,50 +177,78 @@ class RayLauncher:
         except RayUnavailable as exc:
             raise LauncherUnavailable(str(exc)) from None
 
-    def controller(self, run_id: int) -> Any | None:
-        """The live controller of a run, or None when it is gone."""
-        import ray
+    def warm(self) -> None:
+        """Start the engine host now (or resize the pool of the one running), so the first run does not wait
+        for its process."""
+        from worker.engine.host import engine_host, find_host
 
-        try:
-            return ray.get_actor(controller_name(run_id), namespace="attnboard")
-        except ValueError:
+        host = find_host()
+        if host is None:
+            engine_host(warm_ranks=self.warm_ranks, warm_device=self.warm_device)
+        else:
+            host.configure.remote(self.warm_ranks, self.warm_device)
+
+    def host(self) -> Any:
+        """The engine host, started with this app's pool settings when there is none."""
+        from worker.engine.host import engine_host, find_host
+
+        return find_host() or engine_host(warm_ranks=self.warm_ranks, warm_device=self.warm_device)
+
+    def controller(self, run_id: int) -> Any | None:
+        """The run in the engine host (a ``RunHandle``), or None when the host or the run is gone."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        from worker.engine.host import RunHandle, find_host
+
+        host = find_host()
+        if host is None:
             return None
+        try:
+            known = ray.get(host.has_run.remote(str(run_id)), timeout=HOST_CALL_TIMEOUT_S)
+        except RayActorError:
+            return None
+        return RunHandle(host, str(run_id)) if known else None
 
     def kill_run(self, run_id: int) -> None:
-        """Kill the run's controller and every rank actor it started (named ``attnboard-run-<id>-rank<r>``)."""
+        """Stop the run in the engine host at once (its ranks are killed) and drop it there."""
         import ray
-        from ray.util import list_named_actors
 
-        own = controller_name(run_id)
-        for actor in list_named_actors(all_namespaces=True):
-            name = actor["name"]
-            if actor.get("namespace") == "attnboard" and (name == own or name.startswith(own + "-rank")):
-                try:
-                    kill_actor(ray.get_actor(name, namespace="attnboard"))
-                except ValueError:
-                    pass  # gone meanwhile
+        from worker.engine.host import find_host
+
+        host = find_host()
+        if host is None:
+            return
+        try:
+            ray.get(host.kill.remote(str(run_id), "stopped by the app"), timeout=HOST_CALL_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a dead host holds nothing
+            log.warning("run %s: could not stop it in the engine host: %s", run_id, exc)
 
     def cluster_resources(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(total, available); available includes what the engine's idle warm ranks hold, since a run takes
+        those first."""
         import ray
 
-        return dict(ray.cluster_resources()), dict(ray.available_resources())
+        from worker.engine.host import find_host
 
-    def launch(self, run: Run) -> Any:
-        """Create the run's detached controller and ask it to start; does not wait for the actor process."""
-        from worker.engine.controller import launch_controller
+        total, available = dict(ray.cluster_resources()), dict(ray.available_resources())
+        host = find_host()
+        if host is not None:
+            try:
+                idle = ray.get(host.idle_resources.remote(), timeout=HOST_CALL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - an unreachable host holds nothing we can count on
+                log.warning("engine host: could not read its idle ranks: %s", exc)
+                idle = {}
+            for key, amount in idle.items():
+                available[key] = available.get(key, 0.0) + amount
+        return total, available
 
-        handle = launch_controller(run.spec, run_id=str(run.id), model_roots=self.model_roots, start=False)
-        handle.start.remote()
-        return handle
+    def launch(self, run: Run) -> bool:
+        """Start the run in the engine host; False when the host has it already (started before a crash)."""
+        import ray
 
-
-def kill_actor(handle: Any) -> None:
-    import ray
-
-    try:
-        ray.kill(handle, no_restart=True)
-    except Exception as exc:  # noqa: BLE001 - already gone is what we wanted
-        log.debug("kill: %s", exc)
+        return bool(ray.get(self.host().submit.remote(run.spec, str(run.id), self.model_roots),
+                            timeout=LAUNCH_TIMEOUT_S))
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,10 +290,9 @@ def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
     if claimed.rowcount != 1:
         return False
     try:
-        launcher.launch(run)
-    except ValueError:  # a controller of that name exists already (started before a crash): adopt it
-        log.info("run %s: adopting the existing controller %s", run.id, name)
-        return True
+        if not launcher.launch(run):  # the engine has it already (launched before a crash): adopt it
+            log.info("run %s: adopting it from the engine host", run.id)
+            return True
     except Exception as exc:  # noqa: BLE001 - Ray refused: back to the queue with the cause
         session.exec(update(Run).where(col(Run.id) == run.id)  # type: ignore[call-overload]
                      .values(ray_job=None, status_reason=f"could not start on Ray: {type(exc).__name__}: {exc}"))
@@ -271,7 +302,7 @@ def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
     fresh = session.get(Run, run.id)
     if fresh is None or fresh.status in {s.value for s in TERMINAL_STATUSES}:
         launcher.kill_run(run.id)  # cancelled (or deleted) while it was being launched
-    log.info("run %s: controller %s launched", run.id, name)
+    log.info("run %s: launched in the engine host as %s", run.id, name)
     return True
 
 

@@ -30,9 +30,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from worker.contract import NAMESPACE
+
 log = logging.getLogger("attnboard.ray")
 
-NAMESPACE = "attnboard"
 HEAD_RECORD = "ray_head.json"
 HEAD_LOG = "ray_head.log"
 HEAD_START_TIMEOUT_S = 180.0

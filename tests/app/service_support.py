@@ -61,17 +61,28 @@ QUERY = r"""
 import json, sys, ray
 ray.init(address=sys.argv[1], namespace="attnboard", logging_level="ERROR", log_to_driver=False)
 from ray.util import list_named_actors
+actors = sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a["namespace"] == "attnboard")
+runs = {}
+if "attnboard-engine" in actors:
+    host = ray.get_actor("attnboard-engine", namespace="attnboard")
+    for run_id in ray.get(host.run_ids.remote()):
+        try:
+            runs[run_id] = ray.get(host.held_pids.remote(run_id))
+        except Exception:
+            pass  # dropped meanwhile
 print("RESULT " + json.dumps({
     "nodes": [{"address": n["NodeManagerAddress"], "alive": n["Alive"]} for n in ray.nodes()],
-    "actors": sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a["namespace"] == "attnboard"),
+    "actors": actors,
+    "runs": runs,
 }))
 """
 
 
-def actors_of(names: list[str], run_id: int) -> list[str]:
-    """The run's controller (``attnboard-run-7``) and rank actors (``attnboard-run-7-rank0``) among ``names``."""
-    own = f"attnboard-run-{run_id}"
-    return [n for n in names if n == own or n.startswith(own + "-")]
+def held_by(cluster: dict[str, Any], run_id: int) -> list[str]:
+    """What a run still holds in the cluster: its place in the engine host and the rank processes it has
+    (``run 7``, ``pid 1234``); empty once the run let go of its ranks and the host dropped it."""
+    pids = cluster["runs"].get(str(run_id))
+    return [] if pids is None else [f"run {run_id}"] + [f"pid {pid}" for pid in pids]
 
 
 def ray_query(address: str, env: dict[str, str]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from app.services.ray_runtime import free_port
 from tests.app.service_support import (
     TERMINAL,
     AppProcess,
-    actors_of,
+    held_by,
     RayHead,
     all_events,
     app_env,
@@ -88,7 +88,7 @@ def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, hea
 
     deadline = time.monotonic() + 60
     while True:
-        left = actors_of(ray_query(head.address, head.env)["actors"], run_id)
+        left = held_by(ray_query(head.address, head.env), run_id)
         if not left and all(process_gone(pid) for pid in pids):
             break
         assert time.monotonic() < deadline, f"still alive: {left}"
@@ -197,7 +197,7 @@ def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(head: Ra
             seqs = [e["seq"] for e in all_events(client, run_id)]
             assert seqs == list(range(1, run["last_seq"] + 1))
         deadline = time.monotonic() + 60
-        while actors_of(ray_query(head.address, head.env)["actors"], run_id):
+        while held_by(ray_query(head.address, head.env), run_id):
             assert time.monotonic() < deadline, "cancel must free every actor of the run"
             time.sleep(1)
     finally:

@@ -16,6 +16,7 @@ import ray
 
 from worker.engine import launch_controller, run_spec
 from worker.engine.controller import get_controller, run_actor_names
+from worker.engine.host import RunUnknown, engine_host
 from worker.presets import tiny_cpu_spec
 from worker.spec import RunSpec, spec_to_tree
 
@@ -142,18 +143,38 @@ def _wait_for(controller, predicate, timeout: float) -> list[dict]:
     deadline = time.time() + timeout
     events: list[dict] = []
     while time.time() < deadline:
-        events.extend(ray.get(controller.events_since.remote(events[-1]["seq"] if events else 0)))
+        events.extend(ray.get(controller.events_since(events[-1]["seq"] if events else 0)))
         if predicate(events):
             return events
         time.sleep(0.2)
     raise AssertionError(f"timed out; statuses so far: {states(events)}")
 
 
-def _finish(controller, run_id: str, events: list[dict]) -> None:
-    """Acknowledge every event: the controller stops its ranks and exits, leaving nothing behind."""
-    status = ray.get(controller.ack.remote(events[-1]["seq"]))
-    assert status["terminal"] and status.get("exiting")
-    _eventually_gone(run_id)
+def _finish(controller, events: list[dict]) -> None:
+    """Acknowledge every event: the engine host drops the finished run."""
+    status = ray.get(controller.ack(events[-1]["seq"]))
+    assert status["terminal"] and status["finished"]
+    with pytest.raises(RunUnknown):
+        ray.get(controller.status())
+
+
+def _processes_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while any(_alive(pid) for pid in pids):
+        assert time.time() < deadline, f"rank processes still alive: {[p for p in pids if _alive(p)]}"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _held(run_id: str) -> list[int]:
+    return ray.get(engine_host().held_pids.remote(run_id))
 
 
 def test_cancel_stops_every_rank_within_10_seconds_and_eager_runs_where_asked(local_ray, cache_dir):
@@ -161,19 +182,23 @@ def test_cancel_stops_every_rank_within_10_seconds_and_eager_runs_where_asked(lo
     spec = tiny_spec(algo="gae", actor_attn="eager", critic_attn="sdpa", steps=500)
     controller = launch_controller(spec_to_tree(spec), run_id=run_id, cache_dir=str(cache_dir))
     assert get_controller(run_id) is not None
+    with pytest.raises(ValueError, match="already has it"):
+        launch_controller(spec_to_tree(spec), run_id=run_id, cache_dir=str(cache_dir))
     events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" for e in ev), timeout=240)
     # Eager on every actor-side role and sdpa on the critic: what each role asked for is what ran.
     assert_observed(events, {"actor": "eager", "rollout": "eager", "reference": "eager", "critic": "sdpa"})
     assert of(events, "env_probe")[0]["device"] == "cpu"
-    assert len(run_actor_names(run_id)) == 3  # controller + 2 ranks
+    pids = next(p["pids"] for p in of(events, "log") if "pids" in p)
+    assert sorted(_held(run_id)) == sorted(pids) and len(pids) == 2
     started = time.time()
-    ray.get(controller.cancel.remote("test cancel"), timeout=15)
+    ray.get(controller.cancel("test cancel"), timeout=15)
     events = _wait_for(controller, lambda ev: ev and ev[-1]["kind"] == "status" and ev[-1]["payload"]["state"] == "cancelled",
                        timeout=10)
     assert time.time() - started < 10
-    assert run_actor_names(run_id) == {f"attnboard-run-{run_id}"}  # only the controller, until acknowledged
+    assert _held(run_id) == []  # let go of before the final status
     assert states(events)[-1] == "cancelled" and events[-1]["payload"]["reason"] == "test cancel"
-    _finish(controller, run_id, events)
+    _processes_gone(pids)  # no warm pool in this host: the ranks are killed
+    _finish(controller, events)
 
 
 def test_a_killed_rank_fails_the_run_naming_the_rank_under_fsdp1(local_ray, cache_dir):
@@ -188,15 +213,52 @@ def test_a_killed_rank_fails_the_run_naming_the_rank_under_fsdp1(local_ray, cach
     error = of(events, "error")[-1]
     assert error["rank"] == 1 and error["died"] and "rank 1 died" in error["message"]
     assert events[-1]["payload"]["rank"] == 1
-    _eventually_gone_ranks(run_id)
-    _finish(controller, run_id, events)
+    assert _held(run_id) == []
+    _processes_gone(pids)  # the surviving rank is killed too
+    _finish(controller, events)
 
 
-def _eventually_gone_ranks(run_id: str) -> None:
-    deadline = time.time() + 10
-    while run_actor_names(run_id) != {f"attnboard-run-{run_id}"} and time.time() < deadline:
-        time.sleep(0.2)
-    assert run_actor_names(run_id) == {f"attnboard-run-{run_id}"}
+def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray, cache_dir):
+    """A host with 2 warm ranks: a run takes them (no new process), hands them back clean when it succeeds,
+    and the next run reuses the same processes; a failed run's ranks are killed and the pool refills."""
+    host = engine_host()
+    ray.get(host.configure.remote(2, "cpu"))
+    try:
+        warm = _wait_pool(host, lambda p: p["idle"] == 2, timeout=120)
+        assert warm["idle_resources"] == {"CPU": 2.0}
+        pids = []
+        for n in range(2):
+            controller = launch_controller(spec_to_tree(tiny_spec(steps=1)), run_id=f"warm-{n}", cache_dir=str(cache_dir))
+            events = _wait_for(controller, lambda ev: ev and ev[-1]["kind"] == "status"
+                               and ev[-1]["payload"]["state"] in ("succeeded", "failed"), timeout=240)
+            assert states(events)[-1] == "succeeded", of(events, "error")
+            pids.append(sorted(next(p["pids"] for p in of(events, "log") if "pids" in p)))
+            assert ray.get(host.pool_status.remote())["idle"] == 2  # back before the final status
+            _finish(controller, events)
+        assert pids[0] == pids[1]  # the same two processes ran both runs
+
+        controller = launch_controller(spec_to_tree(tiny_spec(actor_attn="flash_attention_2", policy="strict")),
+                                       run_id="warm-fail", cache_dir=str(cache_dir))
+        events = _wait_for(controller, lambda ev: ev and ev[-1]["kind"] == "status"
+                           and ev[-1]["payload"]["state"] == "failed", timeout=240)
+        assert sorted(next(p["pids"] for p in of(events, "log") if "pids" in p)) == pids[0]
+        _processes_gone(pids[0])
+        _finish(controller, events)
+        refilled = _wait_pool(host, lambda p: p["idle"] == 2, timeout=120)
+        assert refilled["idle_resources"] == {"CPU": 2.0}
+    finally:
+        ray.get(host.configure.remote(0, "cpu"))
+    assert ray.get(host.pool_status.remote())["idle"] == 0
+
+
+def _wait_pool(host, predicate, timeout: float) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        status = ray.get(host.pool_status.remote())
+        if predicate(status):
+            return status
+        assert time.time() < deadline, f"pool: {status}"
+        time.sleep(0.5)
 
 
 def test_probe_runs_as_a_ray_task_on_a_worker_node(local_ray):

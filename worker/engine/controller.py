@@ -1,11 +1,13 @@
-"""The single controller of a run: it schedules one Ray actor per rank, loads the roles with the attention
+"""The single controller of a run: it takes one Ray actor per rank, loads the roles with the attention
 the resolution chose (falling back or failing as the policy says), runs the PPO steps, numbers every
-event, and stops every rank on success, failure or cancellation.
+event, and lets go of every rank on success, failure or cancellation.
 
 Two entry points share one ``Trainer``:
-- ``run_spec(spec, run_id=..., on_event=...)``: in this process (CLI, tests).
-- ``launch_controller(...)``: a detached, named Ray actor ``attnboard-run-<run_id>`` in namespace
-  ``attnboard`` that outlives the app; the app reads ``events_since`` and acknowledges with ``ack``.
+- ``run_spec(spec, run_id=..., on_event=...)``: in this process (CLI, tests), with new rank actors that
+  are killed at the end (``worker.engine.ranks.FreshRanks``).
+- ``launch_controller(...)``: in the engine host (``worker.engine.host``), a detached Ray actor that
+  outlives the app and keeps warm rank actors between runs; the app reads ``events_since`` and
+  acknowledges with ``ack`` through a ``RunHandle``.
 """
 
 from __future__ import annotations
@@ -25,32 +27,30 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from worker import models, ppo_math
 from worker.classify import EnvFacts, ErrorInfo, classify
+from worker.contract import NAMESPACE
 from worker.engine import compute, plan as planning
 from worker.engine.dispatch import Dispatch, Mesh, check_resources, concat_batches, dispatch_of, split_batch
 from worker.engine.events import Event, EventLog, Kind, RunState
 from worker.engine.rank import RankWorker, RoleLoadError
+from worker.engine.ranks import FreshRanks, RankSource, rank_name
 from worker.environment import Environment
 from worker.probe import environment_fields
 from worker.resolution import ModelSupport, resolve
 from worker.spec import RunSpec, check_spec, parse_spec
 
-NAMESPACE = "attnboard"
+CANCEL_GRACE_S = 5.0  # a cancelled run lets the ranks' calls in flight finish this long before killing them
 
 
 def controller_name(run_id: str) -> str:
+    """The name of a run in the engine (and the app's ``ray_job``): ``attnboard-run-<run_id>``."""
     return f"attnboard-run-{run_id}"
 
 
-def rank_name(run_id: str, rank: int) -> str:
-    """Rank actors are named too, so the app (and a test) can list what a run holds."""
-    return f"{controller_name(run_id)}-rank{rank}"
-
-
 def run_actor_names(run_id: str) -> set[str]:
-    """The named actors of a run still alive in the attnboard namespace (controller and ranks)."""
-    prefix = controller_name(run_id)
+    """The named rank actors of a ``run_spec`` run still alive (``attnboard-run-<id>-rank<r>``)."""
+    prefix = rank_name(run_id, 0)[:-1]
     return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == NAMESPACE and (a["name"] == prefix or a["name"].startswith(prefix + "-rank"))}
+            if a["namespace"] == NAMESPACE and a["name"].startswith(prefix)}
 
 
 class Cancelled(Exception):
@@ -73,21 +73,30 @@ class RankFailed(Exception):
 class WorkerGroup:
     """The rank actors of one run; ``call`` fans a method out as its ``@register`` declaration says."""
 
-    def __init__(self, handles: list[Any], meshes: dict[str, Mesh], cancelled: Callable[[], bool]):
-        self.handles, self.meshes, self.cancelled = handles, meshes, cancelled
+    def __init__(self, handles: list[Any], meshes: dict[str, Mesh], cancelled: Callable[[], bool],
+                 grace_s: float = CANCEL_GRACE_S):
+        self.handles, self.meshes, self.cancelled, self.grace_s = handles, meshes, cancelled, grace_s
+        self.idle = True  # no call in flight: the ranks can be reset and reused
 
     @property
     def world(self) -> int:
         return len(self.handles)
 
     def wait(self, refs: list[Any], ranks: list[int]) -> list[Any]:
-        """Results in rank order; a dead or failing rank raises RankFailed, cancellation raises Cancelled."""
+        """Results in rank order; a dead or failing rank raises RankFailed, cancellation raises Cancelled.
+
+        On cancellation the calls in flight get ``grace_s`` to finish (a PPO step of a small model does),
+        so the ranks end idle and can be reused; after that the ranks are left busy and get killed."""
         results: dict[Any, Any] = {}
         rank_of = dict(zip(refs, ranks))
         pending = list(refs)
+        self.idle = False
+        deadline = None
         while pending:
             if self.cancelled():
-                raise Cancelled()
+                deadline = deadline or time.monotonic() + self.grace_s
+                if time.monotonic() >= deadline:
+                    raise Cancelled()
             ready, pending = ray.wait(pending, num_returns=1, timeout=0.25)
             for ref in ready:
                 try:
@@ -102,9 +111,14 @@ class WorkerGroup:
                     cause = exc.cause if exc.cause is not None else exc
                     raise RankFailed(rank_of[ref], f"{type(cause).__name__}: {cause}", died=False,
                                      remote_traceback=str(exc)) from cause
+        self.idle = True
+        if self.cancelled():
+            raise Cancelled()
         return [results[ref] for ref in refs]
 
     def call(self, method: str, *args: Any, batch: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        if self.cancelled():
+            raise Cancelled()  # between calls: nothing in flight, the ranks stay reusable
         spec = dispatch_of(RankWorker, method)
         if spec.mode == Dispatch.ONE_TO_ALL:
             refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
@@ -114,13 +128,6 @@ class WorkerGroup:
         refs = [getattr(h, method).remote(parts[mesh.dp_rank(r)], *args, **kwargs) for r, h in enumerate(self.handles)]
         results = self.wait(refs, list(range(self.world)))
         return [results[r] for r in range(self.world) if mesh.sp_rank(r) == 0]  # one per data-parallel shard
-
-    def kill(self) -> None:
-        for handle in self.handles:
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone is fine
-                pass
 
 
 def _actor_death_cause(exc: RayActorError) -> str:
@@ -148,8 +155,9 @@ class RunOptions:
 class Trainer:
     """One run from start to a terminal status, every step reported through ``log``."""
 
-    def __init__(self, spec: RunSpec, *, log: EventLog, options: RunOptions):
+    def __init__(self, spec: RunSpec, *, log: EventLog, options: RunOptions, ranks: RankSource | None = None):
         self.spec, self.log, self.options = spec, log, options
+        self.ranks: RankSource = ranks or FreshRanks()
         self._cancel = threading.Event()
         self.group: WorkerGroup | None = None
         self._lock = threading.Lock()
@@ -157,51 +165,64 @@ class Trainer:
     # ---- control
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Stop at the next call boundary (see ``WorkerGroup.wait``); ``run`` then lets go of the ranks."""
         self._cancel_reason = reason
         self._cancel.set()
-        with self._lock:
-            if self.group is not None:
-                self.group.kill()
+
+    def kill(self, reason: str) -> None:
+        """Stop now: cancel and kill the ranks, whatever they are doing."""
+        self.cancel(reason)
+        self.stop_ranks(reusable=False)
 
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
     def run(self) -> str:
-        """Run to the end; returns the terminal state. Never raises: failures become events."""
+        """Run to the end; returns the terminal state. Never raises: failures become events.
+
+        The final status is emitted after the ranks were let go of, so a run that reads ``succeeded``
+        holds nothing any more (and its warm ranks are back in the pool for the next run)."""
         log = self.log
         try:
             log.status(RunState.starting, "scheduling rank workers")
             self._run()
-            log.status(RunState.succeeded, f"{self.total_steps} steps done")
+            final = (RunState.succeeded, f"{self.total_steps} steps done", {})
         except Cancelled:
-            log.status(RunState.cancelled, getattr(self, "_cancel_reason", "cancelled"))
+            final = (RunState.cancelled, "", {})
         except RankFailed as exc:
             if self.cancelled:
-                log.status(RunState.cancelled, getattr(self, "_cancel_reason", "cancelled"))
+                final = (RunState.cancelled, "", {})
             else:
                 log.emit(Kind.error, {"message": str(exc), "rank": exc.rank, "cause": exc.cause, "died": exc.died,
                                       "traceback": exc.remote_traceback[-4000:]})
-                log.status(RunState.failed, str(exc), rank=exc.rank)
+                final = (RunState.failed, str(exc), {"rank": exc.rank})
         except RoleFailure as exc:
             log.emit(Kind.error, exc.payload)
-            log.status(RunState.failed, exc.payload["message"], role=exc.payload["role"])
+            final = (RunState.failed, exc.payload["message"], {"role": exc.payload["role"]})
         except Exception as exc:  # noqa: BLE001 - the run ends failed with the cause, never silently
             if self.cancelled:
-                log.status(RunState.cancelled, getattr(self, "_cancel_reason", "cancelled"))
+                final = (RunState.cancelled, "", {})
             else:
                 log.emit(Kind.error, {"message": f"{type(exc).__name__}: {exc}",
                                       "traceback": traceback.format_exc()[-4000:]})
-                log.status(RunState.failed, f"{type(exc).__name__}: {exc}")
-        finally:
-            self.stop_ranks()
+                final = (RunState.failed, f"{type(exc).__name__}: {exc}", {})
+        state, reason, extra = final
+        try:
+            self.stop_ranks(reusable=state in (RunState.succeeded, RunState.cancelled))
+        except Exception:  # noqa: BLE001 - letting go must never hide the run's end
+            traceback.print_exc()
+        if state == RunState.cancelled:
+            reason = getattr(self, "_cancel_reason", "cancelled")
+        log.status(state, reason, **extra)
         return log.state
 
-    def stop_ranks(self) -> None:
+    def stop_ranks(self, *, reusable: bool = False) -> None:
+        """Hand the ranks back: reused (warm pool) only when ``reusable`` and no call is in flight."""
         with self._lock:
-            if self.group is not None:
-                self.group.kill()
-                self.group = None
+            group, self.group = self.group, None
+        if group is not None:
+            self.ranks.release(group.handles, device=self.spec.trainer.device, reusable=reusable and group.idle)
 
     # ---- phases
 
@@ -220,7 +241,10 @@ class Trainer:
 
         device = spec.trainer.device
         world = spec.world_size
-        check_resources(device=device, world=world, available=ray.available_resources())
+        available = dict(ray.available_resources())
+        for key, amount in self.ranks.idle_resources().items():  # idle warm ranks are ours to take
+            available[key] = available.get(key, 0.0) + amount
+        check_resources(device=device, world=world, available=available)
         meshes = {"actor": Mesh(world, spec.actor_sp), "critic": Mesh(world, spec.critic_sp if spec.has_critic else 1)}
         self._start_ranks(device, world, meshes)
         group = self.group
@@ -256,19 +280,16 @@ class Trainer:
             log.emit(Kind.log, {"message": f"saved the actor to {saved[0]}", "path": saved[0]})
 
     def _start_ranks(self, device: str, world: int, meshes: dict[str, Mesh]) -> None:
-        resources = {"num_cpus": 1} if device == "cpu" else {"num_cpus": 1, "num_gpus": 1}
-        remote = ray.remote(RankWorker)
-        handles = [remote.options(**resources, max_restarts=0, name=rank_name(self.log.run_id, r),
-                                  namespace=NAMESPACE).remote(r, world, self.log.run_id, device)
-                   for r in range(world)]
+        handles = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world)
+        group = WorkerGroup(handles, meshes, lambda: self.cancelled)
         with self._lock:
-            self.group = WorkerGroup(handles, meshes, lambda: self.cancelled)
+            self.group = group
         if self.cancelled:
             raise Cancelled()
-        group = self.group
+        self.pids = group.wait([h.assign.remote(r, world, self.log.run_id) for r, h in enumerate(handles)],
+                               list(range(world)))
         addr, port = group.wait([handles[0].address.remote()], [0])[0]
         group.call("init_process_group", addr, port, sorted({m.sp for m in meshes.values()}))
-        self.pids = group.wait([h.pid.remote() for h in handles], list(range(world)))
         self.log.emit(Kind.log, {"message": f"{world} rank workers up ({device}, process group on {addr}:{port})",
                                  "pids": self.pids})
 
@@ -465,10 +486,11 @@ def run_spec(spec: RunSpec | dict, *, run_id: str, on_event: Callable[[Event], N
 
 
 class RunController:
-    """The run as a detached Ray actor (see ``launch_controller``); survives the app restarting."""
+    """One run inside the engine host: the trainer on its own thread and the run's events until the app
+    has acknowledged them all."""
 
     def __init__(self, spec: dict, run_id: str, model_roots: list[str] | None = None, cache_dir: str | None = None,
-                 save_actor_to: str | None = None):
+                 save_actor_to: str | None = None, ranks: RankSource | None = None):
         self.run_id = run_id
         self.log = EventLog(run_id)
         self.acked = 0
@@ -476,7 +498,7 @@ class RunController:
         options = RunOptions(model_roots=[Path(r) for r in model_roots or []],
                              cache_dir=Path(cache_dir) if cache_dir else models.default_cache_dir(),
                              save_actor_to=Path(save_actor_to) if save_actor_to else None)
-        self.trainer = Trainer(parse_spec(spec), log=self.log, options=options)
+        self.trainer = Trainer(parse_spec(spec), log=self.log, options=options, ranks=ranks)
         self.thread: threading.Thread | None = None
 
     def start(self) -> bool:
@@ -492,43 +514,50 @@ class RunController:
         return {"run_id": self.run_id, "state": self.log.state, "last_seq": self.log.last_seq, "acked": self.acked,
                 "terminal": self.log.terminal}
 
-    def cancel(self, reason: str = "cancelled by the user") -> dict[str, Any]:
+    def cancel(self, reason: str = "cancelled by the user", timeout: float = CANCEL_GRACE_S + 5.0) -> dict[str, Any]:
+        """Stop the run; a run still busy after ``timeout`` seconds has its ranks killed."""
         if self.thread is None:  # never started: nothing runs, end it here
             if not self.log.terminal:
                 self.log.status(RunState.cancelled, reason)
         else:
             self.trainer.cancel(reason)
-            self.thread.join(timeout=10)
+            self.thread.join(timeout=timeout)
+            if self.thread.is_alive():
+                self.trainer.kill(reason)
+                self.thread.join(timeout=5.0)
         return self.status()
 
+    def kill(self, reason: str) -> None:
+        """Stop at once (the app gave up on the run): ranks killed, no grace."""
+        self.trainer.kill(reason)
+
     def ack(self, seq: int) -> dict[str, Any]:
-        """The app persisted every event up to ``seq``; a finished, fully acknowledged run exits."""
+        """The app persisted every event up to ``seq``; a finished, fully acknowledged run is done
+        (``finished`` in the answer): the host forgets it."""
         self.acked = max(self.acked, int(seq))
         status = self.status()
-        if status["terminal"] and self.acked >= self.log.last_seq:
-            self.trainer.stop_ranks()
-            threading.Timer(0.2, self._exit).start()
-            status["exiting"] = True
+        status["finished"] = bool(status["terminal"] and self.acked >= self.log.last_seq)
         return status
-
-    def _exit(self) -> None:
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 
 def launch_controller(spec: dict, *, run_id: str, model_roots: list[str] | None = None,
-                      cache_dir: str | None = None, save_actor_to: str | None = None, start: bool = True) -> Any:
-    """Create (and start) the detached controller actor of a run; returns its handle."""
-    actor = ray.remote(RunController).options(
-        name=controller_name(run_id), namespace=NAMESPACE, lifetime="detached", max_concurrency=8, num_cpus=0,
-        max_restarts=0,
-    ).remote(spec, run_id, model_roots, cache_dir, save_actor_to)
-    if start:
-        ray.get(actor.start.remote())
-    return actor
+                      cache_dir: str | None = None, save_actor_to: str | None = None) -> Any:
+    """Start a run in the engine host (created on first use) -> its ``RunHandle``.
+
+    ValueError when the host already has a run of that id."""
+    from worker.engine.host import RunHandle, engine_host
+
+    host = engine_host()
+    if not ray.get(host.submit.remote(spec, run_id, model_roots, cache_dir, save_actor_to)):
+        raise ValueError(f"run {run_id}: the engine host already has it")
+    return RunHandle(host, run_id)
 
 
 def get_controller(run_id: str) -> Any:
-    """The live controller of a run (ValueError when it is gone)."""
-    return ray.get_actor(controller_name(run_id), namespace=NAMESPACE)
+    """The ``RunHandle`` of a run the engine host has (ValueError when it has not, or there is no host)."""
+    from worker.engine.host import RunHandle, find_host
 
-
+    host = find_host()
+    if host is None or not ray.get(host.has_run.remote(run_id)):
+        raise ValueError(f"run {run_id}: not in the engine host")
+    return RunHandle(host, run_id)

@@ -144,6 +144,27 @@ class RankWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def assign(self, rank: int, world: int, run_id: str) -> int:
+        """Take part in a run as ``rank`` of ``world`` (a warm rank from the pool gets its run here) -> pid."""
+        self.rank, self.world, self.run_id = rank, world, run_id
+        return os.getpid()
+
+    def reset(self) -> int:
+        """Forget the finished run (roles, optimizers, process group) so the next run starts clean -> pid.
+
+        The pool only reuses a rank after a run that succeeded; a failed or cancelled run's ranks are
+        killed, since a collective may still be pending in them."""
+        import gc
+
+        self.roles.clear()
+        self.sp_groups.clear()
+        self.tokenizer_folder, self.rollout_report, self.generations = None, None, 0
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.rank, self.world, self.run_id = 0, 1, ""
+        gc.collect()
+        return os.getpid()
+
     @register(Dispatch.ONE_TO_ALL)
     def init_process_group(self, master_addr: str, master_port: int, sp_sizes: list[int]) -> int:
         """Join the run's process group (gloo on CPU, nccl on GPU) and build the SP subgroups."""

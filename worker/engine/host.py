@@ -1,0 +1,183 @@
+"""The engine host: one detached Ray actor, ``attnboard-engine`` in namespace ``attnboard``, that runs the
+controller of every run on a thread of its own and keeps a pool of warm rank actors between runs.
+
+Why one long-lived host instead of an actor per run: a Ray actor is a new Python process that imports
+torch, transformers and the engine before it answers (about 8 s on a 2-core machine), and a run
+needs a controller and its ranks. In the host, the controller is a thread of a process that has
+imported everything already, and the ranks come warm from the pool (``worker.engine.ranks``), so a
+run reaches its first PPO step in the time its models take to load and step.
+
+The host is detached: runs keep going while the app restarts, and a restarted app finds them with
+``has_run``/``run_ids``. If the host process dies, its runs die with it (the rank actors are owned by
+the host) and the app marks them failed; the next launch starts a new host.
+
+A run stays in the host until the app acknowledged all its events after it finished (``ack``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+
+from worker.contract import NAMESPACE
+from worker.engine.controller import RunController
+from worker.engine.events import Event
+from worker.engine.ranks import PoolSettings, RankPool
+
+log = logging.getLogger("attnboard.engine.host")
+
+HOST_NAME = "attnboard-engine"
+REFILL_EVERY_S = 1.0
+MAX_CONCURRENCY = 64  # calls served at once: the app's pump, cancels and every run's acknowledgements
+
+
+class RunUnknown(LookupError):
+    """The host has no run of that id (never submitted here, or finished and acknowledged)."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        super().__init__(f"run {run_id}: not in the engine host")
+
+    def __reduce__(self):
+        return (RunUnknown, (self.run_id,))
+
+
+class EngineHost:
+    """The actor class (see the module docstring). Every method is safe to call from many threads."""
+
+    def __init__(self, warm_ranks: int = 0, warm_device: str = "cpu"):
+        self.pool = RankPool(PoolSettings(warm_ranks, warm_device))
+        self.runs: dict[str, RunController] = {}
+        self._lock = threading.Lock()
+        self._refiller = threading.Thread(target=self._refill_loop, name="attnboard-pool-refill", daemon=True)
+        self._refiller.start()
+
+    # ---- the pool
+
+    def configure(self, warm_ranks: int, warm_device: str = "cpu") -> dict[str, Any]:
+        self.pool.configure(PoolSettings(warm_ranks, warm_device))
+        return self.pool_status()
+
+    def pool_status(self) -> dict[str, Any]:
+        return {**self.pool.status(), "idle_resources": self.pool.idle_resources()}
+
+    def idle_resources(self) -> dict[str, float]:
+        """What idle warm ranks hold (``{"CPU": 1.0}``): the next run takes it, so it counts as free."""
+        return self.pool.idle_resources()
+
+    def _refill_loop(self) -> None:
+        """Warm ranks up to the target while no run is going: a rank's process start (seconds of imports) would
+        take CPU from the runs, and the ranks of a run that ends well come back to the pool anyway."""
+        while True:
+            time.sleep(REFILL_EVERY_S)
+            with self._lock:
+                busy = any(not run.log.terminal for run in self.runs.values())
+            if busy:
+                continue
+            try:
+                self.pool.refill()
+            except Exception:  # noqa: BLE001 - the next pass tries again
+                log.exception("pool refill failed")
+
+    # ---- runs
+
+    def submit(self, spec: dict, run_id: str, model_roots: list[str] | None = None, cache_dir: str | None = None,
+               save_actor_to: str | None = None) -> bool:
+        """Start a run; False when the host has a run of that id already (nothing is started then)."""
+        with self._lock:
+            if run_id in self.runs:
+                return False
+            run = RunController(spec, run_id, model_roots, cache_dir, save_actor_to, ranks=self.pool)
+            self.runs[run_id] = run
+        run.start()
+        return True
+
+    def has_run(self, run_id: str) -> bool:
+        with self._lock:
+            return run_id in self.runs
+
+    def run_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self.runs)
+
+    def _run(self, run_id: str) -> RunController:
+        with self._lock:
+            run = self.runs.get(run_id)
+        if run is None:
+            raise RunUnknown(run_id)
+        return run
+
+    def events_since(self, run_id: str, after_seq: int, limit: int = 1000) -> list[Event]:
+        return self._run(run_id).events_since(after_seq, limit)
+
+    def status(self, run_id: str) -> dict[str, Any]:
+        return self._run(run_id).status()
+
+    def cancel(self, run_id: str, reason: str = "cancelled by the user") -> dict[str, Any]:
+        return self._run(run_id).cancel(reason)
+
+    def kill(self, run_id: str, reason: str = "stopped by the app") -> bool:
+        """Stop a run at once and forget it (the app writes its end itself); False when it was not here."""
+        with self._lock:
+            run = self.runs.pop(run_id, None)
+        if run is None:
+            return False
+        run.kill(reason)
+        return True
+
+    def ack(self, run_id: str, seq: int) -> dict[str, Any]:
+        """Every event up to ``seq`` is stored; a finished run with all its events stored is forgotten."""
+        run = self._run(run_id)
+        status = run.ack(seq)
+        if status["finished"]:
+            with self._lock:
+                self.runs.pop(run_id, None)
+        return status
+
+    def held_pids(self, run_id: str) -> list[int]:
+        """The pids of the rank processes a run holds now ([] once it let go of them)."""
+        trainer = self._run(run_id).trainer
+        return list(getattr(trainer, "pids", [])) if trainer.group is not None else []
+
+
+class RunHandle:
+    """A run in the engine host, for a driver (the app, a test): each method returns a Ray ``ObjectRef``."""
+
+    def __init__(self, host: Any, run_id: str):
+        self.host, self.run_id = host, run_id
+
+    def events_since(self, after_seq: int, limit: int = 1000) -> Any:
+        return self.host.events_since.remote(self.run_id, after_seq, limit)
+
+    def status(self) -> Any:
+        return self.host.status.remote(self.run_id)
+
+    def cancel(self, reason: str = "cancelled by the user") -> Any:
+        return self.host.cancel.remote(self.run_id, reason)
+
+    def kill(self, reason: str = "stopped by the app") -> Any:
+        return self.host.kill.remote(self.run_id, reason)
+
+    def ack(self, seq: int) -> Any:
+        return self.host.ack.remote(self.run_id, seq)
+
+
+def find_host() -> Any | None:
+    """The live engine host, or None."""
+    try:
+        return ray.get_actor(HOST_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def engine_host(*, warm_ranks: int = 0, warm_device: str = "cpu") -> Any:
+    """The engine host, created on first use with a pool of ``warm_ranks`` on ``warm_device`` (an existing
+    host keeps its pool: ``configure`` changes it)."""
+    return ray.remote(EngineHost).options(
+        name=HOST_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+        max_concurrency=MAX_CONCURRENCY, max_restarts=0,
+    ).remote(warm_ranks, warm_device)

@@ -1,0 +1,210 @@
+"""Where a run's rank actors come from, and where they go when it ends.
+
+- ``FreshRanks``: a new actor per rank, named ``attnboard-run-<id>-rank<r>``, killed at the end of the
+  run. ``run_spec`` (the CLI, the tests) uses it: nothing outlives the run.
+- ``RankPool``: warm rank actors that outlive runs, kept by the engine host (``worker.engine.host``).
+  A Ray actor is a fresh Python process that must import torch, transformers and the engine before
+  its first call (seconds); a warm rank has done that already, so a run that finds enough of them
+  starts at once. Each warm rank holds what a rank asks Ray for (1 CPU, plus 1 GPU off CPU) while it
+  waits, and the scheduler counts idle warm ranks as free.
+
+Reuse rules: only the ranks of a run that *succeeded* go back to the pool, after ``reset`` (process
+group destroyed, roles dropped); a failed or cancelled run's ranks are killed, since a collective may
+still be pending in them. ``refill`` starts warm ranks up to the target where Ray has room; the engine
+host calls it while no run is going, and it does nothing while a run still waits for a new rank's
+process, so a refill can never take the CPU (or GPU) a starting run waits for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import ray
+
+from worker.contract import NAMESPACE
+from worker.engine.rank import RankWorker
+
+log = logging.getLogger("attnboard.engine.ranks")
+
+RESET_TIMEOUT_S = 30.0
+DEVICES = ("cpu", "cuda")
+
+
+def rank_name(run_id: str, rank: int) -> str:
+    """The name of a fresh rank actor; pooled ranks are unnamed (they belong to no run while warm)."""
+    return f"attnboard-run-{run_id}-rank{rank}"
+
+
+def rank_resources(device: str) -> dict[str, float]:
+    """What one rank asks Ray for: 1 CPU, plus 1 GPU off CPU."""
+    return {"num_cpus": 1} if device == "cpu" else {"num_cpus": 1, "num_gpus": 1}
+
+
+def kill(handle: Any) -> None:
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone is what we wanted
+        pass
+
+
+class RankSource(Protocol):
+    def acquire(self, *, run_id: str, device: str, world: int) -> list[Any]: ...
+
+    def release(self, handles: list[Any], *, device: str, reusable: bool) -> None: ...
+
+    def idle_resources(self) -> dict[str, float]: ...
+
+
+class FreshRanks:
+    """One new, named actor per rank; every one is killed when the run ends."""
+
+    def acquire(self, *, run_id: str, device: str, world: int) -> list[Any]:
+        remote = ray.remote(RankWorker)
+        return [remote.options(**rank_resources(device), max_restarts=0, name=rank_name(run_id, r),
+                               namespace=NAMESPACE).remote(r, world, run_id, device)
+                for r in range(world)]
+
+    def release(self, handles: list[Any], *, device: str, reusable: bool) -> None:
+        for handle in handles:
+            kill(handle)
+
+    def idle_resources(self) -> dict[str, float]:
+        return {}
+
+
+@dataclass
+class _Warm:
+    handle: Any
+    device: str
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """``target`` warm ranks on ``device`` ("cpu" or "cuda")."""
+
+    target: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.target < 0:
+            raise ValueError(f"warm ranks: {self.target} is negative; valid: 0 (no pool) or more")
+        if self.device not in DEVICES:
+            raise ValueError(f"warm rank device: {self.device!r} is not valid; valid: {', '.join(DEVICES)}")
+
+
+class RankPool:
+    """Warm rank actors reused across runs (see the module docstring)."""
+
+    def __init__(self, settings: PoolSettings = PoolSettings()):
+        self.settings = settings
+        self._idle: list[_Warm] = []
+        self._new: list[Any] = []  # pid refs of new ranks created for runs, until their processes are up
+        self._lock = threading.Lock()
+
+    def configure(self, settings: PoolSettings) -> None:
+        with self._lock:
+            self.settings = settings
+            surplus = [w for w in self._idle if w.device != settings.device][::-1]
+            surplus += [w for w in self._idle if w.device == settings.device][settings.target:]
+            for warm in surplus:
+                self._idle.remove(warm)
+                kill(warm.handle)
+        self.refill()
+
+    # ---- runs
+
+    def acquire(self, *, run_id: str, device: str, world: int) -> list[Any]:
+        """``world`` rank actors on ``device``: the warm ones first (oldest first), new ones for the rest."""
+        with self._lock:
+            mine = [w for w in self._idle if w.device == device][:world]
+            for warm in mine:
+                self._idle.remove(warm)
+            handles = [w.handle for w in mine]
+            if len(handles) < world:
+                for warm in [w for w in self._idle if w.device != device]:  # their CPUs/GPUs go to the new ranks
+                    self._idle.remove(warm)
+                    kill(warm.handle)
+                remote = ray.remote(RankWorker)
+                for r in range(len(handles), world):
+                    handle = remote.options(**rank_resources(device), max_restarts=0).remote(r, world, run_id, device)
+                    self._new.append(handle.pid.remote())
+                    handles.append(handle)
+        log.info("run %s: %d warm and %d new rank(s) on %s", run_id, len(mine), world - len(mine), device)
+        return handles
+
+    def release(self, handles: list[Any], *, device: str, reusable: bool) -> None:
+        """Back to the pool (reset) when ``reusable``, else killed. Ranks coming back from a run go first in
+        line, ahead of ranks started by a refill meanwhile (those may still be importing); the pool is then
+        trimmed to its target from the newest end."""
+        keep: list[Any] = []
+        if reusable and device == self.settings.device and self.settings.target > 0:
+            refs = {h.reset.remote(): h for h in handles[:self.settings.target]}
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=RESET_TIMEOUT_S)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a rank that cannot reset is not reused
+                    log.warning("a rank could not reset and is dropped: %s", exc)
+                else:
+                    keep.append(refs[ref])
+        with self._lock:
+            for handle in handles:
+                if handle not in keep:
+                    kill(handle)
+            self._idle[:0] = [_Warm(h, device) for h in keep]
+            mine = [w for w in self._idle if w.device == self.settings.device]
+            for warm in mine[self.settings.target:]:
+                self._idle.remove(warm)
+                kill(warm.handle)
+
+    def idle_resources(self) -> dict[str, float]:
+        """What the idle warm ranks hold: free for the next run, so the scheduler counts it as available."""
+        with self._lock:
+            out: dict[str, float] = {}
+            for warm in self._idle:
+                for key, amount in rank_resources(warm.device).items():
+                    name = "CPU" if key == "num_cpus" else "GPU"
+                    out[name] = out.get(name, 0.0) + amount
+            return out
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {"target": self.settings.target, "device": self.settings.device, "idle": len(self._idle),
+                    "starting_for_runs": len(self._new)}
+
+    # ---- refill
+
+    def refill(self) -> int:
+        """Start warm ranks up to the target while Ray has room for them; returns how many were started.
+
+        Skipped while a run waits for a new rank's process: that rank must get the CPU (or GPU) first."""
+        with self._lock:
+            if self._new:
+                _, self._new = ray.wait(self._new, num_returns=len(self._new), timeout=0)
+                if self._new:
+                    return 0
+            device, target = self.settings.device, self.settings.target
+            missing = target - sum(w.device == device for w in self._idle)
+            if missing <= 0:
+                return 0
+            available = ray.available_resources()
+            need = rank_resources(device)
+            fits = int(min(available.get("CPU", 0.0) // need["num_cpus"],
+                           available.get("GPU", 0.0) // need["num_gpus"] if "num_gpus" in need else missing))
+            started = max(0, min(missing, fits))
+            remote = ray.remote(RankWorker)
+            for _ in range(started):
+                handle = remote.options(**need, max_restarts=0).remote(0, 1, "", device)
+                self._idle.append(_Warm(handle, device))
+        if started:
+            log.info("pool: started %d warm rank(s) on %s", started, device)
+        return started
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for warm in self._idle:
+                kill(warm.handle)
+            self._idle.clear()
