@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from app.core.config import Settings, get_settings
+from app.core.config import Settings, database_identity, get_settings
 from app.db import make_engine, run_migrations
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit
@@ -28,6 +28,7 @@ from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
 from app.services.ray_launcher import ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
+from worker.contract import host_name
 from app.services import trials as trials_service
 
 log = logging.getLogger("attnboard")
@@ -90,7 +91,8 @@ def _start_ray(app: FastAPI, settings: Settings) -> Supervisor:
     down does not stop the app: submissions answer 503 and the supervisor retries."""
     runtime = RayRuntime(address=settings.RAY_ADDRESS, data_dir=settings.DATA_DIR, num_cpus=settings.RAY_NUM_CPUS)
     launcher = RayLauncher(runtime, model_roots=[str(root) for root in settings.MODEL_ROOTS],
-                           warm_ranks=settings.WARM_RANKS, warm_device=settings.WARM_DEVICE)
+                           warm_ranks=settings.WARM_RANKS, warm_device=settings.WARM_DEVICE,
+                           engine_name=host_name(database_identity(settings.DATABASE_URL)))
     try:
         runtime.ensure()
         launcher.warm()

@@ -1,8 +1,10 @@
 """The stable contracts of PRODUCT.md shared by the worker (which emits) and the app (which stores):
-event kinds and run states. Pure: the app imports this without pulling in torch or Ray."""
+event kinds and run states, and the names of the engine's Ray actors. Pure: the app imports this
+without pulling in torch or Ray."""
 
 from __future__ import annotations
 
+import hashlib
 from enum import Enum
 
 
@@ -33,3 +35,13 @@ class RunState(str, Enum):
 TERMINAL = frozenset({RunState.succeeded.value, RunState.failed.value, RunState.cancelled.value})
 
 NAMESPACE = "attnboard"  # the Ray namespace of the engine host and of the rank actors named after a run
+HOST_NAME = "attnboard-engine"  # the engine host (worker.engine.host) of the standalone runner and tests
+
+
+def host_name(scope: str | None = None) -> str:
+    """``attnboard-engine``, or ``attnboard-engine-<10 hex digits>`` for a scope (e.g. the app's database).
+
+    >>> host_name(), host_name("sqlite:/srv/attnboard.db")
+    ('attnboard-engine', 'attnboard-engine-540bdca2d7')
+    """
+    return HOST_NAME if scope is None else f"{HOST_NAME}-{hashlib.sha256(scope.encode()).hexdigest()[:10]}"

@@ -44,6 +44,19 @@ def sqlite_path(url: str) -> Path | None:
     return None if path in ("", ":memory:") else Path(path)
 
 
+def database_identity(url: str) -> str:
+    """The database a URL names, stable across spellings: a SQLite file's absolute path, or the URL without
+    its password. Keys the app's engine host, since run ids are only unique within one database.
+
+    >>> database_identity("postgresql+psycopg://u:secret@db:5432/attnboard")
+    'postgresql+psycopg://u@db:5432/attnboard'
+    """
+    db_file = sqlite_path(url)
+    if db_file is not None:
+        return f"sqlite:{db_file.resolve()}"
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1@", url)
+
+
 class Settings(BaseSettings):
     """attnboard's configuration. Field names are the variable names without the prefix."""
 

@@ -238,9 +238,9 @@ class Supervisor:
         storing the last event and acknowledging it) is acknowledged now, so the host drops it."""
         import ray
 
-        from worker.engine.host import RunHandle, find_host
+        from worker.engine.host import RunHandle
 
-        host = find_host()
+        host = self.launcher.find_host()
         if host is None:
             return
         ids = [int(run_id) for run_id in ray.get(host.run_ids.remote(), timeout=30) if run_id.isdigit()]

@@ -135,10 +135,11 @@ class RayLauncher:
     """The ``Launcher`` of ``app.services.launcher`` on Ray; ``wake`` is set to nudge the scheduler."""
 
     def __init__(self, runtime: RayRuntime, *, model_roots: list[str] | None = None, warm_ranks: int = 0,
-                 warm_device: str = "cpu"):
+                 warm_device: str = "cpu", engine_name: str = "attnboard-engine"):
         self.runtime = runtime
         self.model_roots = model_roots or []
         self.warm_ranks, self.warm_device = warm_ranks, warm_device
+        self.engine_name = engine_name  # this app's engine host (``worker.engine.host.host_name`` of its database)
         self.wake = threading.Event()
 
     # ---- the Launcher protocol
@@ -180,28 +181,33 @@ class RayLauncher:
     def warm(self) -> None:
         """Start the engine host now (or resize the pool of the one running), so the first run does not wait
         for its process."""
-        from worker.engine.host import engine_host, find_host
-
-        host = find_host()
+        host = self.find_host()
         if host is None:
-            engine_host(warm_ranks=self.warm_ranks, warm_device=self.warm_device)
+            self.host()
         else:
             host.configure.remote(self.warm_ranks, self.warm_device)
 
+    def find_host(self) -> Any | None:
+        """This app's engine host, or None when it is not running."""
+        from worker.engine.host import find_host
+
+        return find_host(self.engine_name)
+
     def host(self) -> Any:
         """The engine host, started with this app's pool settings when there is none."""
-        from worker.engine.host import engine_host, find_host
+        from worker.engine.host import engine_host
 
-        return find_host() or engine_host(warm_ranks=self.warm_ranks, warm_device=self.warm_device)
+        return self.find_host() or engine_host(name=self.engine_name, warm_ranks=self.warm_ranks,
+                                               warm_device=self.warm_device)
 
     def controller(self, run_id: int) -> Any | None:
         """The run in the engine host (a ``RunHandle``), or None when the host or the run is gone."""
         import ray
         from ray.exceptions import RayActorError
 
-        from worker.engine.host import RunHandle, find_host
+        from worker.engine.host import RunHandle
 
-        host = find_host()
+        host = self.find_host()
         if host is None:
             return None
         try:
@@ -214,9 +220,7 @@ class RayLauncher:
         """Stop the run in the engine host at once (its ranks are killed) and drop it there."""
         import ray
 
-        from worker.engine.host import find_host
-
-        host = find_host()
+        host = self.find_host()
         if host is None:
             return
         try:
@@ -229,10 +233,8 @@ class RayLauncher:
         those first."""
         import ray
 
-        from worker.engine.host import find_host
-
         total, available = dict(ray.cluster_resources()), dict(ray.available_resources())
-        host = find_host()
+        host = self.find_host()
         if host is not None:
             try:
                 idle = ray.get(host.idle_resources.remote(), timeout=HOST_CALL_TIMEOUT_S)

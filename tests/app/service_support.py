@@ -63,8 +63,8 @@ ray.init(address=sys.argv[1], namespace="attnboard", logging_level="ERROR", log_
 from ray.util import list_named_actors
 actors = sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a["namespace"] == "attnboard")
 runs = {}
-if "attnboard-engine" in actors:
-    host = ray.get_actor("attnboard-engine", namespace="attnboard")
+for name in [a for a in actors if a.startswith("attnboard-engine")]:  # the app's host: attnboard-engine-<hash>
+    host = ray.get_actor(name, namespace="attnboard")
     for run_id in ray.get(host.run_ids.remote()):
         try:
             runs[run_id] = ray.get(host.held_pids.remote(run_id))

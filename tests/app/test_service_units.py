@@ -223,3 +223,21 @@ def test_run_changes_wakes_a_waiter_from_another_thread():
     idle, woken = asyncio.run(scenario())
     assert 0.15 <= idle < 2
     assert woken < 5
+
+
+def test_each_database_gets_its_own_engine_host(tmp_path, monkeypatch):
+    """Run ids are unique within one database only: apps on different databases must not share a host,
+    while one database spelled two ways (relative or absolute path, another password) keeps its host."""
+    from app.core.config import database_identity
+    from worker.contract import host_name
+
+    monkeypatch.chdir(tmp_path)
+    relative = host_name(database_identity("sqlite:///data/attnboard.db"))
+    absolute = host_name(database_identity(f"sqlite:///{tmp_path}/data/attnboard.db"))
+    other_file = host_name(database_identity(f"sqlite:///{tmp_path}/other/attnboard.db"))
+    postgres = host_name(database_identity("postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    assert relative == absolute
+    assert len({relative, other_file, postgres}) == 3
+    assert all(name.startswith("attnboard-engine-") for name in (relative, other_file, postgres))
+    assert database_identity("postgresql+psycopg://u:one@h:5432/d") == database_identity("postgresql+psycopg://u:two@h:5432/d")
+    assert "one" not in database_identity("postgresql+psycopg://u:one@h:5432/d")

@@ -331,3 +331,22 @@ def test_a_world_of_one_rank_is_left_unwrapped(strategy):
     assert wrapped is model
     assert not any(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in wrapped.modules())
     assert optimizer.param_groups[0]["params"] == list(model.parameters())
+
+
+@pytest.mark.parametrize(("target", "device", "message"), [
+    (-1, "cpu", "warm ranks: -1 is negative; valid: 0 (no pool) or more"),
+    (1, "tpu", "warm rank device: 'tpu' is not valid; valid: cpu, cuda"),
+])
+def test_pool_settings_name_the_bad_value(target, device, message):
+    from worker.engine.ranks import PoolSettings
+
+    with pytest.raises(ValueError) as info:
+        PoolSettings(target, device)
+    assert str(info.value) == message
+
+
+def test_each_rank_asks_ray_for_one_cpu_and_one_gpu_off_cpu():
+    from worker.engine.ranks import rank_resources
+
+    assert rank_resources("cpu") == {"num_cpus": 1}
+    assert rank_resources("cuda") == {"num_cpus": 1, "num_gpus": 1}

@@ -1,5 +1,7 @@
 """The engine host: one detached Ray actor, ``attnboard-engine`` in namespace ``attnboard``, that runs the
 controller of every run on a thread of its own and keeps a pool of warm rank actors between runs.
+An app passes a scope (its database): ``attnboard-engine-<hash>``, so apps with different databases
+(whose run ids overlap) can share one Ray cluster without sharing a host.
 
 Why one long-lived host instead of an actor per run: a Ray actor is a new Python process that imports
 torch, transformers and the engine before it answers (about 8 s on a 2-core machine), and a run
@@ -23,14 +25,13 @@ from typing import Any
 
 import ray
 
-from worker.contract import NAMESPACE
+from worker.contract import HOST_NAME, NAMESPACE, host_name  # noqa: F401 - host_name is part of this module's API
 from worker.engine.controller import RunController
 from worker.engine.events import Event
 from worker.engine.ranks import PoolSettings, RankPool
 
 log = logging.getLogger("attnboard.engine.host")
 
-HOST_NAME = "attnboard-engine"
 REFILL_EVERY_S = 1.0
 MAX_CONCURRENCY = 64  # calls served at once: the app's pump, cancels and every run's acknowledgements
 
@@ -166,18 +167,18 @@ class RunHandle:
         return self.host.ack.remote(self.run_id, seq)
 
 
-def find_host() -> Any | None:
-    """The live engine host, or None."""
+def find_host(name: str = HOST_NAME) -> Any | None:
+    """The live engine host of that name, or None."""
     try:
-        return ray.get_actor(HOST_NAME, namespace=NAMESPACE)
+        return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         return None
 
 
-def engine_host(*, warm_ranks: int = 0, warm_device: str = "cpu") -> Any:
+def engine_host(*, name: str = HOST_NAME, warm_ranks: int = 0, warm_device: str = "cpu") -> Any:
     """The engine host, created on first use with a pool of ``warm_ranks`` on ``warm_device`` (an existing
     host keeps its pool: ``configure`` changes it)."""
     return ray.remote(EngineHost).options(
-        name=HOST_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+        name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
         max_concurrency=MAX_CONCURRENCY, max_restarts=0,
     ).remote(warm_ranks, warm_device)
