@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, computed_field, mode
 from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from worker.contract import Kind, RunState
+from worker.contract import TERMINAL, Kind, RunState
 
 # Constraint names that are the same on SQLite and PostgreSQL, so migrations can refer to them.
 SQLModel.metadata.naming_convention = {
@@ -157,7 +157,7 @@ RunStatus = RunState
 """The run states of PRODUCT.md's contract, one definition shared with the worker (``worker.contract``)."""
 
 
-TERMINAL_STATUSES = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled})
+TERMINAL_STATUSES = frozenset(RunStatus(value) for value in TERMINAL)
 
 
 class RunBase(SQLModel):

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+from worker.contract import TERMINAL
+
 TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch"})
 ROLE_ORDER = ("actor", "rollout", "reference", "critic")
 # The role whose setting decides each role's attention: rollout and reference share the actor's section.

@@ -30,10 +30,11 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from app.errors import AppError
-from app.models import TERMINAL_STATUSES, Event, EventCreate, EventKind, Run, RunStatus
+from app.models import Event, EventCreate, EventKind, Run, RunStatus
 from app.services.events import append_events
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, schedule
+from worker.contract import TERMINAL
 
 log = logging.getLogger("attnboard.pump")
 
@@ -151,7 +152,7 @@ async def wait_for_run(engine: Engine, changes: RunChanges, *, run_id: int, time
     deadline = clock() + min(max(timeout, 0.0), MAX_WAIT_S)
     while True:
         run, attention = await run_in_threadpool(run_snapshot, engine, run_id)
-        if run.status in {s.value for s in TERMINAL_STATUSES}:
+        if run.status in TERMINAL:
             return run, attention, False
         left = deadline - clock()
         if left <= 0:
@@ -247,7 +248,7 @@ class Supervisor:
         if not ids:
             return
         finished = session.exec(select(Run).where(col(Run.id).in_(ids),
-                                                  col(Run.status).in_([s.value for s in TERMINAL_STATUSES]))).all()
+                                                  col(Run.status).in_(sorted(TERMINAL)))).all()
         for run in finished:
             log.info("run %s is %s: acknowledging it in the engine host", run.id, run.status)
             RunHandle(host, str(run.id)).ack(run.last_seq)
@@ -310,7 +311,7 @@ class Supervisor:
         session.refresh(run)
         if handle is not None:
             handle.ack(result.last_seq)  # idempotent; a finished, fully acknowledged run is dropped
-        if run.status in {s.value for s in TERMINAL_STATUSES}:
+        if run.status in TERMINAL:
             self._handles.pop(run.id, None)
         return result.inserted, len(events) >= BATCH
 
