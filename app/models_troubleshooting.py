@@ -36,6 +36,7 @@ class EntrySource(str, Enum):
     fallback = "fallback"  # an implementation failed and the next one of the chain replaced it
     error = "error"  # the run's error event (strict policy, chain exhausted, a crash)
     failed = "failed"  # a failed status without an error event before it
+    mismatch = "mismatch"  # an attention_mismatch: the kernel loaded or observed is not the one expected
 
 
 class TroubleshootingEntry(SQLModel, table=True):

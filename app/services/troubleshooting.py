@@ -71,6 +71,8 @@ def draft_from_event(kind: str, payload: Mapping[str, Any], *, run_has_error: bo
       else the message.
     - ``status`` ``failed`` (``payload.status`` from the API, ``payload.state`` from the engine), only when
       no error event of the run explained it already.
+    - ``attention_mismatch``: the engine's message (the preview and the loaded implementation disagree, or
+      the first forward called another kernel than the one loaded); the implementation is the expected one.
     """
     role = payload.get("role")
     role = role if isinstance(role, str) and role in ROLE_SECTIONS else None
@@ -82,6 +84,11 @@ def draft_from_event(kind: str, payload: Mapping[str, Any], *, run_has_error: bo
         last = attempts[-1] if isinstance(attempts, list) and attempts and isinstance(attempts[-1], dict) else {}
         error = _text(last.get("error")) or _text(payload.get("traceback")) or _text(payload.get("message"))
         return Draft(EntrySource.error, role, error or "error without a message", _text(last.get("implementation")) or None)
+    if kind == EventKind.attention_mismatch.value:
+        error = _text(payload.get("message"))
+        if not error:
+            error = f"expected {_text(payload.get('expected')) or '?'}, got {_text(payload.get('actual')) or 'nothing'}"
+        return Draft(EntrySource.mismatch, role, error, _text(payload.get("expected")) or None)
     if kind == EventKind.status.value and not run_has_error:
         state = payload.get("status", payload.get("state"))
         if state == "failed":
@@ -137,7 +144,8 @@ def _latest_probe(session: Session, run_id: int, before_seq: int) -> dict[str, A
 
 def record_events(session: Session, *, run: Run, events: Sequence[EventCreate]) -> list[TroubleshootingEntry]:
     """Add (not commit) one entry per failure among ``events``, the fresh events of one append, in seq order."""
-    if not any(ev.kind in (EventKind.fallback, EventKind.error, EventKind.status) for ev in events):
+    if not any(ev.kind in (EventKind.fallback, EventKind.error, EventKind.status, EventKind.attention_mismatch)
+               for ev in events):
         return []
     assert run.id is not None
     probe: dict[str, Any] | None = None

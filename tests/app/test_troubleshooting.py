@@ -68,6 +68,11 @@ def entries(client, **params: Any) -> dict[str, Any]:
     ("status", {"state": "failed", "reason": "engine wording"}, False, (EntrySource.failed, None, "engine wording", None)),
     ("status", {"status": "failed", "reason": "explained"}, True, None),
     ("status", {"status": "succeeded"}, False, None),
+    ("attention_mismatch", {"role": "critic", "rank": 1, "what": "loaded-vs-observed", "expected": "sdpa",
+                            "actual": "eager", "message": "[critic] rank 1 loaded sdpa, but the first forward called eager"},
+     False, (EntrySource.mismatch, "critic", "[critic] rank 1 loaded sdpa, but the first forward called eager", "sdpa")),
+    ("attention_mismatch", {"role": "actor", "expected": "flash_attention_2", "actual": None}, True,
+     (EntrySource.mismatch, "actor", "expected flash_attention_2, got nothing", "flash_attention_2")),
     ("metric", {"step": 1}, False, None),
     ("attention", {"role": "actor"}, False, None),
 ])
@@ -83,13 +88,14 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
                            max_leaves=10)
 payloads = st.dictionaries(st.sampled_from(["role", "error", "message", "attempts", "traceback", "from", "status",
-                                            "state", "reason"]), json_values, max_size=6)
+                                            "state", "reason", "expected", "actual"]), json_values, max_size=6)
 probes = st.none() | st.dictionaries(st.sampled_from(["device", "compute_capability", "flash_attn_version",
                                                       "gpu_name", "transformers_version"]), json_values, max_size=4)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.sampled_from(["fallback", "error", "status", "metric", "log"]), payloads, st.booleans(), probes)
+@given(st.sampled_from(["fallback", "error", "status", "attention_mismatch", "metric", "log"]), payloads, st.booleans(),
+       probes)
 def test_any_payload_is_ingested_without_raising(kind, payload, run_has_error, probe):
     """Ingestion runs inside every POST /events: whatever a worker sends, it yields a draft or nothing, and a
     draft always classifies (a probe it cannot read is ignored)."""
@@ -151,6 +157,20 @@ def test_an_error_event_explains_the_failed_status_and_a_bare_failure_gets_its_o
     assert only_strict["data"][0]["implementation"] == "flash_attention_2"
     only_bare = entries(client, run_id=bare["id"])
     assert [(e["source"], e["category"], e["environment"]) for e in only_bare["data"]] == [("failed", "out_of_memory", None)]
+
+
+def test_an_attention_mismatch_is_logged_with_the_kernel_that_was_expected(client, write_headers):
+    """A role that loaded sdpa but whose first forward called eager fell back silently: the log has it."""
+    run = make_run(client, write_headers, name="mismatch")
+    message = "[critic] rank 0 loaded sdpa, but the first forward called eager ({'eager': 2})"
+    post_events(client, write_headers, run["id"], [
+        ("status", {"status": "starting"}), ("env_probe", CPU_PROBE),
+        ("attention_mismatch", {"role": "critic", "rank": 0, "what": "loaded-vs-observed", "expected": "sdpa",
+                                "actual": "eager", "calls": {"eager": 2}, "message": message})])
+    found = entries(client, run_id=run["id"])["data"]
+    assert [(e["source"], e["role"], e["implementation"], e["error"]) for e in found] == [
+        ("mismatch", "critic", "sdpa", message)]
+    assert found[0]["environment"] == "cpu, no flash-attn" and found[0]["diagnosis"]["summary"]
 
 
 def test_filters(client, write_headers):
