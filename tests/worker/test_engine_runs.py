@@ -29,7 +29,7 @@ def cache_dir(tmp_path_factory):
 
 
 def tiny_spec(*, algo: str = "grpo", actor_attn: str = "sdpa", critic_attn: str = "sdpa", policy: str = "strict",
-              steps: int = 1, strategy: str = "fsdp2") -> RunSpec:
+              steps: int = 1, strategy: str = "fsdp2", **extra) -> RunSpec:
     """The project's tiny CPU preset, with one optimizer step per PPO step (8 prompts x 4 samples over 2
     ranks: a mini batch of 16 sequences per rank, in one micro batch) to keep each step short."""
     overrides = {
@@ -42,6 +42,7 @@ def tiny_spec(*, algo: str = "grpo", actor_attn: str = "sdpa", critic_attn: str 
         "attnboard.fallback_policy": policy,
         "actor_rollout_ref.actor.strategy": strategy,
         "critic.strategy": strategy,
+        **extra,
     }
     if algo == "gae":
         overrides["critic.model.override_config"] = {"attn_implementation": critic_attn}
@@ -137,6 +138,20 @@ def test_flash_attention_2_on_cpu_under_strict_fails_with_the_classified_error(l
     assert error["diagnosis"]["category"] in ("flash_attn_not_installed", "not_on_cpu")
     assert error["attempts"][0]["implementation"] == "flash_attention_2" and len(error["attempts"]) == 1
     assert of(events, "metric") == []
+
+
+def test_asking_for_attention_weights_falls_back_from_sdpa_to_eager_with_transformers_warning(local_ray, cache_dir):
+    spec = tiny_spec(actor_attn="sdpa", policy="fallback", **{"attnboard.debug.output_attentions": True})
+    state, events = run(spec, "output-attentions", cache_dir)
+    assert state == "succeeded", of(events, "error")
+    assert_observed(events, {"actor": "eager", "rollout": "eager", "reference": "eager"})  # preview agreed: no mismatch
+    fallbacks = of(events, "fallback")
+    assert {(f["role"], f["rank"]) for f in fallbacks} == {(r, k) for r in ("actor", "reference") for k in (0, 1)}
+    for f in fallbacks:
+        assert (f["from"], f["to"]) == ("sdpa", "eager")
+        assert "`sdpa` attention does not support `output_attentions=True`" in f["error"]
+        assert f["diagnosis"]["category"] == "output_attentions_unsupported"
+    assert all(a["output_attentions"] for a in of(events, "attention"))
 
 
 def _wait_for(controller, predicate, timeout: float) -> list[dict]:

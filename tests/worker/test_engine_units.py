@@ -350,3 +350,26 @@ def test_each_rank_asks_ray_for_one_cpu_and_one_gpu_off_cpu():
 
     assert rank_resources("cpu") == {"num_cpus": 1}
     assert rank_resources("cuda") == {"num_cpus": 1, "num_gpus": 1}
+
+
+def _tiny_llama(impl: str) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    config._attn_implementation = impl
+    return LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize("trained", [False, True])
+def test_a_first_forward_asking_for_attention_weights_fails_on_sdpa_with_transformers_words(trained):
+    """transformers 5.x logs the sdpa warning and returns no weights instead of falling back: the first
+    forward turns that into an error carrying the warning, which the classifier knows."""
+    from worker.classify import Category, ErrorInfo, classify
+    from worker.engine.rank import AttentionWeightsMissing, _first_forward
+
+    with pytest.raises(AttentionWeightsMissing) as info:
+        _first_forward(_tiny_llama("sdpa"), 64, trained, output_attentions=True, implementation="sdpa")
+    assert str(info.value).startswith("`sdpa` attention does not support `output_attentions=True`")
+    assert classify(ErrorInfo.from_exception(info.value)).category == Category.output_attentions_unsupported
+    seen = _first_forward(_tiny_llama("eager"), 64, trained, output_attentions=True, implementation="eager")
+    assert seen["observed"] == "eager"
+    assert _first_forward(_tiny_llama("sdpa"), 64, trained)["observed"] == "sdpa"  # not asked: sdpa is fine

@@ -11,7 +11,7 @@ Payloads by kind:
   ``predicted`` (the resolution's effective), ``effective`` (what loaded), ``config_attn_implementation``,
   ``observed`` (the kernel called most in the first forward), ``calls`` ({kernel: count}),
   ``wrappers`` (Ulysses), ``forced``, ``fallback``, ``status`` (ok | forced | fallback), ``reasons``,
-  ``strategy``, ``sp``.
+  ``strategy``, ``sp``, ``output_attentions`` (the first forward asked for the attention weights and got them).
 - ``fallback``: ``role``, ``rank``, ``from``, ``to``, ``error`` (the exception text), ``diagnosis``
   (``worker.classify.Diagnosis.as_dict()``).
 - ``attention_mismatch``: ``role``, ``rank``, ``what`` (resolution-vs-loaded | loaded-vs-observed),

@@ -46,7 +46,8 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
                         candidates=candidates(r, policy), requested=r.requested,
                         forced=r.status == Status.forced.value, reasons=[asdict(x) for x in r.reasons],
                         strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay,
-                        gradient_checkpointing=checkpointing_applies(checkpointing, sp))
+                        gradient_checkpointing=checkpointing_applies(checkpointing, sp),
+                        output_attentions=spec.attnboard.debug.output_attentions)
 
     roles = [
         role_plan("actor", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
@@ -99,6 +100,7 @@ def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict
         "reasons": report["reasons"],
         "strategy": report["strategy"],
         "sp": report["sp"],
+        "output_attentions": report.get("output_attentions", False),  # the first forward asked for the weights
     }
 
 

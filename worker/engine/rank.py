@@ -7,10 +7,13 @@ Rank workers never number events: they return payloads and the controller emits 
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import socket
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +49,7 @@ class RolePlan:
     lr: float = 1e-6
     weight_decay: float = 0.01
     gradient_checkpointing: bool = False  # model.enable_gradient_checkpointing; trained roles with sp == 1
+    output_attentions: bool = False  # attnboard.debug.output_attentions: the first forward must return the weights
 
 
 @dataclass
@@ -88,16 +92,50 @@ def _probe_ids(vocab_size: int) -> torch.Tensor:
     return (torch.arange(8) % max(vocab_size - 1, 1) + 1)[None, :]  # (1, 8)
 
 
-def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool) -> dict[str, Any]:
-    """A 1x8 forward (and backward for trained roles) under observation -> what ran."""
+class AttentionWeightsMissing(RuntimeError):
+    """``output_attentions=True`` was asked for and the implementation returned no attention weights."""
+
+
+@contextmanager
+def _transformers_warnings() -> Iterator[list[str]]:
+    """The messages transformers logs meanwhile (it warns, rather than raises, about output_attentions)."""
+    said: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+
+
+def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool, output_attentions: bool = False,
+                   implementation: str = "") -> dict[str, Any]:
+    """A 1x8 forward (and backward for trained roles) under observation -> what ran.
+
+    With ``output_attentions``, the forward asks for the attention weights and raises
+    ``AttentionWeightsMissing`` when none come back: transformers 5.x does not fall back to eager for
+    them, it logs "`sdpa` attention does not support `output_attentions=True`" and returns an empty tuple
+    (ATTENTION_RULES.md), so the loss of the debugging output would otherwise go unnoticed."""
     ids = _probe_ids(vocab_size).to(next(model.parameters()).device)
-    with observe_attention() as seen:
+    kwargs = {"output_attentions": True} if output_attentions else {}
+    with observe_attention() as seen, _transformers_warnings() as said:
         if trained:
-            model(input_ids=ids).logits.float().sum().backward()
+            out = model(input_ids=ids, **kwargs)
+            out.logits.float().sum().backward()
             model.zero_grad(set_to_none=True)
         else:
             with torch.no_grad():
-                model(input_ids=ids)
+                out = model(input_ids=ids, **kwargs)
+    if output_attentions and not (out.attentions and all(a is not None for a in out.attentions)):
+        warning = next((text for text in said if "output_attentions" in text), None)
+        raise AttentionWeightsMissing(warning or f"`{implementation}` attention does not support "
+                                                 f"`output_attentions=True`: the forward returned no attention weights.")
     return seen.as_dict()
 
 
@@ -218,7 +256,7 @@ class RankWorker:
                     module = module.to("cuda")  # fused kernels only run on the device
                 if p.sp > 1:
                     module.config._attn_implementation = ulysses.register_ulysses(impl)
-                seen = _first_forward(module, module.config.vocab_size, p.trained)
+                seen = _first_forward(module, module.config.vocab_size, p.trained, p.output_attentions, impl)
             except Exception as exc:  # noqa: BLE001 - every failure is recorded and classified
                 diagnosis = classify(ErrorInfo.from_exception(exc), facts, role=p.role)
                 attempts.append({"implementation": impl, "ok": False,
@@ -238,6 +276,7 @@ class RankWorker:
                 "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
                 "attempts": attempts, "strategy": p.strategy, "sp": p.sp,
                 "gradient_checkpointing": bool(p.trained and p.gradient_checkpointing),
+                "output_attentions": p.output_attentions,
             }
             return _Loaded(wrapped, optimizer, group, Mesh(self.world, p.sp), p, report)
         raise RoleLoadError(p.role, attempts)
