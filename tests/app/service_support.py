@@ -62,9 +62,10 @@ import json, sys, ray
 ray.init(address=sys.argv[1], namespace="attnboard", logging_level="ERROR", log_to_driver=False)
 from ray.util import list_named_actors
 actors = sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a["namespace"] == "attnboard")
-runs = {}
+runs, hosts = {}, {}
 for name in [a for a in actors if a.startswith("attnboard-engine")]:  # the app's host: attnboard-engine-<hash>
     host = ray.get_actor(name, namespace="attnboard")
+    hosts[name] = ray.get(host.pid.remote())
     for run_id in ray.get(host.run_ids.remote()):
         try:
             runs[run_id] = ray.get(host.held_pids.remote(run_id))
@@ -74,6 +75,7 @@ print("RESULT " + json.dumps({
     "nodes": [{"address": n["NodeManagerAddress"], "alive": n["Alive"]} for n in ray.nodes()],
     "actors": actors,
     "runs": runs,
+    "hosts": hosts,
 }))
 """
 

@@ -95,6 +95,35 @@ def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, hea
         time.sleep(1)
 
 
+def test_a_dead_engine_host_fails_its_runs_and_the_next_run_starts_a_new_host(served, head: RayHead):
+    app, client = served
+    run_id = client.post("/api/runs", json={"name": "host-kill", "spec": tiny_run_spec(steps=200)}).json()["id"]
+    deadline = time.monotonic() + 300
+    pids: list[int] = []
+    while not pids:
+        assert time.monotonic() < deadline, f"no 'rank workers up' event; {app.tail()}"
+        pids = next((e["payload"]["pids"] for e in all_events(client, run_id)
+                     if e["kind"] == "log" and "pids" in e["payload"]), [])
+        time.sleep(0.5)
+    hosts = ray_query(head.address, head.env)["hosts"]
+    assert len(hosts) == 1, hosts  # this app's host, attnboard-engine-<hash of its database>
+    (name, host_pid), = hosts.items()
+    assert name.startswith("attnboard-engine-")
+    os.kill(host_pid, signal.SIGKILL)
+
+    run = wait_until(client, run_id, lambda r: r["status"] == "failed", timeout=30, what="failed with its host")
+    assert "engine host" in run["status_reason"], run["status_reason"]
+    deadline = time.monotonic() + 60
+    while not all(process_gone(pid) for pid in pids):  # the ranks belonged to the host: they die with it
+        assert time.monotonic() < deadline, "the rank processes outlived their host"
+        time.sleep(1)
+
+    again = client.post("/api/runs", json={"name": "after-host-kill", "spec": tiny_run_spec(steps=1)}).json()["id"]
+    done = wait_until(client, again, lambda r: r["status"] in TERMINAL, timeout=300, what="the next run's end")
+    assert done["status"] == "succeeded", done["status_reason"]
+    assert ray_query(head.address, head.env)["hosts"].get(name) not in (None, host_pid)  # a new host, same name
+
+
 def test_a_run_that_does_not_fit_stays_queued_saying_what_it_waits_for(served):
     _, client = served
     run_id = client.post("/api/runs", json={"name": "too-big", "spec": too_big_spec()}).json()["id"]

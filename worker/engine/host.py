@@ -19,6 +19,7 @@ A run stays in the host until the app acknowledged all its events after it finis
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -138,6 +139,9 @@ class EngineHost:
             with self._lock:
                 self.runs.pop(run_id, None)
         return status
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def held_pids(self, run_id: str) -> list[int]:
         """The pids of the rank processes a run holds now ([] once it let go of them)."""
