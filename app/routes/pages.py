@@ -25,6 +25,7 @@ from app.run_view import CHARTS, MAX_MEMORY_MB, REWARD_KEYS, STEP_TIME_S, TOKENS
 from app.services import events as events_service
 from app.services import runs as runs_service
 from app.services import tokens as tokens_service
+from app.services.probes import NodeProbe, latest_node_probe
 from app.services.auth import Principal, current_principal
 
 from app.run_form import ATTENTION_HELP, FIELDS, FormError, form_to_spec_data, grouped_fields, issues_by_field, \
@@ -80,19 +81,28 @@ def _multi(data: FormData | QueryParams) -> dict[str, list[str]]:
     return {key: [v for v in data.getlist(key) if isinstance(v, str)] for key in data.keys()}
 
 
-def _environment(name: str) -> Environment:
+PROBE_ENV = "probe"
+
+
+def _environment(name: str, probe: NodeProbe | None = None) -> Environment:
+    if name == PROBE_ENV and probe is not None:
+        return probe.environment
     return PROFILES.get(name) or PROFILES[DEFAULT_ENV]
 
 
 class FormState:
-    """What the form page shows: values, the spec if it parsed, issues per input, the preview."""
+    """What the form page shows: values, the spec if it parsed, issues per input, the preview.
 
-    def __init__(self, form: dict[str, list[str]] | None = None, *, spec: RunSpec | None = None):
+    ``probe``: the newest probe of a worker node (``NodeProbe``), offered as the ``probe`` environment."""
+
+    def __init__(self, form: dict[str, list[str]] | None = None, *, spec: RunSpec | None = None,
+                 probe: NodeProbe | None = None):
         self.errors: dict[str, list[Issue]] = {}
         self.warnings: list[Issue] = []
         self.spec: RunSpec | None = spec
         self.name = ""
         self.env_name = DEFAULT_ENV
+        self.probe = probe
         if form is not None:
             self.name = (form.get("name") or [""])[-1].strip()
             self.env_name = (form.get("env") or [DEFAULT_ENV])[-1]
@@ -100,9 +110,12 @@ class FormState:
                 self.spec = parse_spec(form_to_spec_data(form))
             except (FormError, SpecError) as exc:
                 self.errors = issues_by_field(exc.issues)
-            if form.get("env") and self.env_name not in PROFILES:
+            valid = [*PROFILES, *([PROBE_ENV] if probe is not None else [])]
+            if form.get("env") and self.env_name not in valid:
+                why = " (no worker node has been probed yet: a run's env_probe event provides one)" \
+                    if self.env_name == PROBE_ENV else ""
                 self.errors.setdefault("env", []).append(
-                    Issue("env", self.env_name, f"unknown environment {self.env_name!r}; valid: {', '.join(PROFILES)}"))
+                    Issue("env", self.env_name, f"unknown environment {self.env_name!r}{why}; valid: {', '.join(valid)}"))
         if self.spec is not None:
             for issue in check_spec(self.spec):
                 if issue.severity == "error":
@@ -117,7 +130,14 @@ class FormState:
     def resolution(self) -> Resolution | None:
         if self.spec is None or self.errors:
             return None
-        return resolve(self.spec, _environment(self.env_name))
+        return resolve(self.spec, _environment(self.env_name, self.probe))
+
+    @property
+    def environment(self) -> str | dict[str, Any]:
+        """What a launched run records as its target environment: a profile name, or the probe's fields."""
+        if self.env_name == PROBE_ENV and self.probe is not None:
+            return self.probe.environment.to_dict()
+        return self.env_name
 
     def context(self, **extra: Any) -> dict[str, Any]:
         return {
@@ -131,7 +151,8 @@ class FormState:
             "name": self.name,
             "env_name": self.env_name,
             "profiles": list(PROFILES.values()),
-            "probe_available": False,
+            "probe_available": self.probe is not None,
+            "probe_label": self.probe.label if self.probe is not None else None,
             "attention_help": ATTENTION_HELP,
             "export": None,
             **extra,
@@ -160,14 +181,15 @@ def page_context(request: Request) -> dict[str, Any]:
 
 
 @router.get("/runs/new")
-def new_run(request: Request, _: PageUser) -> Response:
-    state = FormState(spec=starting_spec())
+def new_run(request: Request, _: PageUser, session: SessionDep) -> Response:
+    state = FormState(spec=starting_spec(), probe=latest_node_probe(session))
     return render(request, "run_new.html", {**page_context(request), **state.context()})
 
 
 @router.post("/runs/preview", dependencies=CSRF)
-async def preview(request: Request, _: PageUser) -> Response:
-    state = FormState(_multi(await request.form()))
+async def preview(request: Request, _: PageUser, session: SessionDep) -> Response:
+    form = _multi(await request.form())
+    state = FormState(form, probe=await run_in_threadpool(latest_node_probe, session))
     return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview")
 
 
@@ -208,8 +230,8 @@ def _looks_like_yaml(text: str) -> bool:
 
 
 @router.get("/runs/export/command")
-def export_form_command(request: Request, _: PageUser) -> Response:
-    state = FormState(_multi(request.query_params))
+def export_form_command(request: Request, _: PageUser, session: SessionDep) -> Response:
+    state = FormState(_multi(request.query_params), probe=latest_node_probe(session))
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview",
                       status_code=422)
@@ -218,8 +240,8 @@ def export_form_command(request: Request, _: PageUser) -> Response:
 
 
 @router.get("/runs/export.yaml")
-def export_form_yaml(request: Request, _: PageUser) -> Response:
-    state = FormState(_multi(request.query_params))
+def export_form_yaml(request: Request, _: PageUser, session: SessionDep) -> Response:
+    state = FormState(_multi(request.query_params), probe=latest_node_probe(session))
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
     result = export_yaml(state.spec)
@@ -240,11 +262,11 @@ def redirect(url: str) -> RedirectResponse:
 async def launch(request: Request, principal: PageUser, session: SessionDep) -> Response:
     require_page_write(principal)
     form = _multi(await request.form())
-    state = FormState(form)
+    state = FormState(form, probe=await run_in_threadpool(latest_node_probe, session))
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
     data = RunCreate(name=state.name or state.spec.trainer.experiment_name or None,
-                     spec=state.spec.model_dump(mode="json"), environment=state.env_name)
+                     spec=state.spec.model_dump(mode="json"), environment=state.environment)
     run = await run_in_threadpool(runs_service.create_run, session, data=data, launcher=get_launcher(request))
     return redirect(f"/runs/{run.id}")
 

@@ -174,6 +174,44 @@ def test_session_cookie_flags_and_write_launches(client, session):
     assert csrf
 
 
+A100_PROBE = {"rank": 0, "device": "cuda", "compute_capability": [8, 0], "gpu_name": "A100",
+              "flash_attn_version": "2.8.3", "transformers_version": "5.24.0", "torch_version": "2.13.0",
+              "kernels_installed": False, "cuda_version": "12.8", "hostname": "gpu-node-1"}
+
+
+def test_the_newest_probed_worker_node_is_an_environment_of_the_form(client, session):
+    """No run probed a node yet: no probe option, and ``env=probe`` is refused naming why. Once a run's rank 0
+    sent its env_probe (an A100 with flash-attn here), the form offers it, the preview resolves for it
+    (flash_attention_2 stays) and a launched run records the probe as its environment."""
+    csrf = login(client, session, ["read", "write"])
+    page = client.get("/runs/new").text
+    assert soup(page).select_one("#f-env option[value=probe]") is None
+    fa2 = {"actor_rollout_ref.model.override_config.attn_implementation": "flash_attention_2",
+           "attnboard.fallback_policy": "fallback"}
+    refused = client.post("/runs/preview", data=form_data(page) | fa2 | {"env": "probe"}, headers={"X-CSRF-Token": csrf})
+    assert "(no worker node has been probed yet" in soup(refused.text).get_text()
+
+    probed = stored_run(session, name="probed", events=[("status", {"status": "starting"}), ("env_probe", A100_PROBE)])
+    stored_run(session, name="queued after it")  # newer, never started: the probe of the run before is used
+    page = client.get("/runs/new").text
+    option = soup(page).select_one("#f-env option[value=probe]")
+    assert option is not None
+    assert f"run #{probed}: cuda sm80 A100, flash-attn 2.8.3" in option.get_text()
+
+    for env, effective in (("cpu", "sdpa"), ("probe", "flash_attention_2")):
+        resp = client.post("/runs/preview", data=form_data(page) | fa2 | {"env": env}, headers={"X-CSRF-Token": csrf})
+        assert resp.status_code == 200, resp.text
+        assert preview_rows(resp.text)["actor"]["effective"] == effective, env
+
+    resp = client.post("/runs", data=form_data(page) | fa2 | {"env": "probe", "name": "on the probed node"},
+                       follow_redirects=False)
+    assert resp.status_code == 303, resp.text
+    run_id = int(resp.headers["location"].rsplit("/", 1)[1])
+    environment = client.get(f"/api/runs/{run_id}").json()["environment"]
+    assert environment["name"] == f"probe of run #{probed}"
+    assert (environment["device"], environment["flash_attn_version"]) == ("cuda", "2.8.3")
+
+
 def test_read_only_session_cannot_launch(client, session):
     login(client, session, ["read"])
     page = client.get("/runs/new").text
