@@ -57,6 +57,18 @@ def served(head: RayHead, tmp_path_factory: pytest.TempPathFactory):
     app.stop()
 
 
+def rank_pids(app: AppProcess, client: httpx.Client, run_id: int, timeout: float = 300) -> list[int]:
+    """The pids of the run's rank processes, from its ``rank workers up`` log event (waits for it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = next((e["payload"]["pids"] for e in all_events(client, run_id)
+                     if e["kind"] == "log" and "pids" in e["payload"]), [])
+        if pids:
+            return pids
+        assert time.monotonic() < deadline, f"no 'rank workers up' event; {app.tail()}"
+        time.sleep(0.5)
+
+
 def test_every_ray_node_is_on_loopback(head: RayHead):
     nodes = ray_query(head.address, head.env)["nodes"]
     assert nodes and all(n["address"] == "127.0.0.1" for n in nodes), nodes
@@ -68,13 +80,7 @@ def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, hea
     assert resp.status_code == 201, resp.text
     run_id = resp.json()["id"]
 
-    deadline = time.monotonic() + 300
-    pids: list[int] = []
-    while not pids:
-        assert time.monotonic() < deadline, f"no 'rank workers up' event; {app.tail()}"
-        pids = next((e["payload"]["pids"] for e in all_events(client, run_id)
-                     if e["kind"] == "log" and "pids" in e["payload"]), [])
-        time.sleep(0.5)
+    pids = rank_pids(app, client, run_id)
     killed_at = time.monotonic()
     os.kill(pids[0], signal.SIGKILL)
 
@@ -98,13 +104,7 @@ def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, hea
 def test_a_dead_engine_host_fails_its_runs_and_the_next_run_starts_a_new_host(served, head: RayHead):
     app, client = served
     run_id = client.post("/api/runs", json={"name": "host-kill", "spec": tiny_run_spec(steps=200)}).json()["id"]
-    deadline = time.monotonic() + 300
-    pids: list[int] = []
-    while not pids:
-        assert time.monotonic() < deadline, f"no 'rank workers up' event; {app.tail()}"
-        pids = next((e["payload"]["pids"] for e in all_events(client, run_id)
-                     if e["kind"] == "log" and "pids" in e["payload"]), [])
-        time.sleep(0.5)
+    pids = rank_pids(app, client, run_id)
     hosts = ray_query(head.address, head.env)["hosts"]
     assert len(hosts) == 1, hosts  # this app's host, attnboard-engine-<hash of its database>
     (name, host_pid), = hosts.items()
