@@ -111,6 +111,8 @@ def _stop_ray(app: FastAPI, supervisor: Supervisor) -> None:
     with Session(app.state.engine) as session:
         active = session.exec(select(func.count()).select_from(Run)
                               .where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).one()
+    if not active:
+        supervisor.launcher.stop_host()
     supervisor.launcher.runtime.shutdown(active_runs=active)
 
 

@@ -200,6 +200,21 @@ class RayLauncher:
         return self.find_host() or engine_host(name=self.engine_name, warm_ranks=self.warm_ranks,
                                                warm_device=self.warm_device)
 
+    def stop_host(self) -> None:
+        """Stop this app's engine host, and with it its warm ranks (the app calls this at a graceful stop
+        with no active run, so an idle app holds nothing on a shared cluster)."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        try:
+            host = self.find_host()
+            if host is not None:
+                ray.kill(host, no_restart=True)
+                log.info("stopped the engine host %s", self.engine_name)
+        except Exception as exc:  # noqa: BLE001 - Ray going away takes the host with it
+            log.warning("could not stop the engine host %s: %s", self.engine_name, exc)
+
     def controller(self, run_id: int) -> Any | None:
         """The run in the engine host (a ``RunHandle``), or None when the host or the run is gone."""
         import ray

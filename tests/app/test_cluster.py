@@ -60,6 +60,9 @@ def test_app_on_postgresql_with_a_separate_ray_head_runs_a_spec_to_the_end(tmp_p
 
         cluster = ray_query(head.address, head.env)
         assert {n["address"] for n in cluster["nodes"]} == {"127.0.0.1"}
+        assert len(cluster["hosts"]) == 1  # the app's engine host, with its warm rank
+        app.stop()
+        assert ray_query(head.address, head.env)["hosts"] == {}  # a graceful stop with no active run frees it
 
         # Ray's token is really required: a driver with another token is refused.
         wrong = {**ray_env(None), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "not-the-token-" + "x" * 20}
