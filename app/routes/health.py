@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
-from sqlalchemy import text
+from fastapi import APIRouter, Request
 
-from app.deps import LauncherDep, SessionDep
+from app.deps import reader_of
+from app.services import reads
 
 router = APIRouter(prefix="/api", tags=["health"])
 
 
 @router.get("/health")
-def health(session: SessionDep, launcher: LauncherDep) -> dict[str, Any]:
-    session.exec(text("SELECT 1"))  # type: ignore[call-overload]
-    return {"status": "ok", "database": session.get_bind().dialect.name, "launcher": launcher is not None}
+async def health(request: Request) -> dict[str, Any]:
+    """The database answers ``SELECT 1``."""
+    reader = reader_of(request)
+    await reader(reads.ping)
+    return {"status": "ok", "database": reader.engine.dialect.name, "launcher": request.app.state.launcher is not None}

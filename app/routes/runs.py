@@ -1,18 +1,28 @@
-"""Runs: submit, list, read, events, cancel, retry, clone, export."""
+"""Runs: submit, list, read, events, cancel, retry, clone, export.
+
+The three reads a dashboard or CI polls (the list, one run, events since a seq) are ``async``
+handlers: ``app.services.reads`` builds their JSON body from one Core statement, on the event loop
+(see ``Reader``); the other handlers are plain ``def`` handlers on the ORM, in the thread pool."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Request, status
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
 
-from app.deps import LauncherDep, SessionDep, require_read, require_write
+from app.deps import (
+    LauncherDep,
+    SessionDep,
+    reader_of,
+    require_read,
+    require_write,
+    serving_lifespan,
+)
 from app.models import (
     INT32_MAX,
     AppendResult,
     EventCreate,
-    EventPublic,
     EventsPublic,
     RunClone,
     RunCreate,
@@ -23,13 +33,18 @@ from app.models import (
     RunWaitPublic,
 )
 from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset
-from app.services import events, interop, pump, runs
+from app.services import events, interop, pump, reads, runs
 from app.services.events import MAX_EVENTS_PAGE
 
-router = APIRouter(prefix="/api/runs", tags=["runs"])
+router = APIRouter(prefix="/api/runs", tags=["runs"], lifespan=serving_lifespan)
 Read, Write = [Depends(require_read)], [Depends(require_write)]
 RunId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A run's id.")]
 MAX_EVENTS_PER_POST = 1000
+
+
+def _json(body: bytes) -> Response:
+    """A body ``app.services.reads`` built; the route's ``response_model`` documents its shape."""
+    return Response(body, media_type="application/json")
 
 
 @router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
@@ -39,8 +54,8 @@ def create_run(session: SessionDep, launcher: LauncherDep, body: RunCreate) -> R
 
 
 @router.get("", response_model=RunsPublic, dependencies=Read)
-def list_runs(
-    session: SessionDep,
+async def list_runs(
+    request: Request,
     status: Annotated[list[RunStatus] | None, Query(description="Any of these statuses (repeatable).")] = None,
     name: NameFilter = None,
     spec_id: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
@@ -48,27 +63,26 @@ def list_runs(
     created_before: Annotated[datetime | None, Query(description="ISO 8601, exclusive.")] = None,
     limit: Limit = 50,
     offset: Offset = 0,
-) -> RunsPublic:
-    rows, total = runs.list_runs(session, status=status, name=name, spec_id=spec_id, created_after=created_after,
-                                 created_before=created_before, limit=limit, offset=offset)
-    return RunsPublic(data=[RunPublic.model_validate(r) for r in rows], total=total, limit=limit, offset=offset)
+) -> Response:
+    """Newest first; ``total`` counts every run that matches the filters."""
+    where = runs.run_filters(status=status, name=name, spec_id=spec_id, created_after=created_after,
+                             created_before=created_before)
+    return _json(await reader_of(request)(reads.run_page_json, where=where, limit=limit, offset=offset))
 
 
 @router.get("/{run_id}", response_model=RunPublic, dependencies=Read)
-def get_run(session: SessionDep, run_id: RunId) -> RunPublic:
-    return RunPublic.model_validate(runs.get_run(session, run_id=run_id))
+async def get_run(request: Request, run_id: RunId) -> Response:
+    return _json(await reader_of(request)(reads.run_json, run_id=run_id))
 
 
 @router.get("/{run_id}/events", response_model=EventsPublic, dependencies=Read)
-def list_events(
-    session: SessionDep,
+async def list_events(
+    request: Request,
     run_id: RunId,
     after: Annotated[int, Query(ge=0, le=INT32_MAX, description="Return events with seq > after.")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = 100,
-) -> EventsPublic:
-    rows, last_seq = events.events_since(session, run_id=run_id, after_seq=after, limit=limit)
-    data = [EventPublic.model_validate(e) for e in rows]
-    return EventsPublic(data=data, last_seq=last_seq, next_after=data[-1].seq if data else after)
+) -> Response:
+    return _json(await reader_of(request)(reads.events_json, run_id=run_id, after_seq=after, limit=limit))
 
 
 @router.post("/{run_id}/events", response_model=AppendResult, dependencies=Write)

@@ -2,6 +2,8 @@
 
 The API's authenticator reads ``Authorization: Bearer atb_...``. The dashboard appends its own (a
 session cookie) to ``app.state.authenticators``; anything that returns a Principal grants its scopes.
+Authenticators read their credentials from the Authorization header or the cookies: a request with
+neither is anonymous without calling them (``presents_credentials``), so it costs no database work.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def bearer_authenticator(request: Request, session: Session) -> Principal | None
     if row is None:
         raise _unauthorized("unknown or revoked token", token.strip()[:10] + "...")
     return Principal(kind="token", name=row.name, scopes=frozenset(row.scopes), token_id=row.id)
+
+
+def presents_credentials(request: Request) -> bool:
+    """Whether the request carries anything an authenticator could accept (an Authorization header or cookies)."""
+    headers = request.headers
+    return "authorization" in headers or "cookie" in headers
 
 
 def current_principal(request: Request, session: Session, authenticators: list[Authenticator]) -> Principal:

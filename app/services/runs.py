@@ -14,7 +14,7 @@ import copy
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import ColumnElement, func
 from sqlmodel import Session, col, select
 
 from app.errors import AppError, not_found
@@ -136,6 +136,34 @@ def get_run(session: Session, *, run_id: int) -> Run:
     return run
 
 
+def run_filters(
+    *,
+    status: list[RunStatus] | None = None,
+    name: str | None = None,
+    spec_id: int | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+) -> list[ColumnElement[bool]]:
+    """The WHERE clauses of a runs list (ANDed; none means every run). Naive bounds are taken as UTC."""
+    created_after = _utc_bound(created_after, "created_after")
+    created_before = _utc_bound(created_before, "created_before")
+    if created_after and created_before and created_after > created_before:
+        raise AppError(422, "invalid_request", "created_after must not be later than created_before",
+                       field="created_after", value=created_after.isoformat(), valid=f"<= {created_before.isoformat()}")
+    where: list[ColumnElement[bool]] = []
+    if status:
+        where.append(col(Run.status).in_([RunStatus(s).value for s in status]))
+    if name:
+        where.append(col(Run.name).icontains(name, autoescape=True))
+    if spec_id is not None:
+        where.append(col(Run.spec_id) == spec_id)
+    if created_after is not None:
+        where.append(col(Run.created_at) >= created_after)
+    if created_before is not None:
+        where.append(col(Run.created_at) < created_before)
+    return where
+
+
 def list_runs(
     session: Session,
     *,
@@ -147,25 +175,12 @@ def list_runs(
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[list[Run], int]:
-    """Newest first, filtered; returns (page, total matching). Naive bounds are taken as UTC."""
-    created_after = _utc_bound(created_after, "created_after")
-    created_before = _utc_bound(created_before, "created_before")
-    query = select(Run)
-    if status:
-        query = query.where(col(Run.status).in_([RunStatus(s).value for s in status]))
-    if name:
-        query = query.where(col(Run.name).icontains(name, autoescape=True))
-    if spec_id is not None:
-        query = query.where(Run.spec_id == spec_id)
-    if created_after is not None:
-        query = query.where(col(Run.created_at) >= created_after)
-    if created_before is not None:
-        query = query.where(col(Run.created_at) < created_before)
-    if created_after and created_before and created_after > created_before:
-        raise AppError(422, "invalid_request", "created_after must not be later than created_before",
-                       field="created_after", value=created_after.isoformat(), valid=f"<= {created_before.isoformat()}")
-    total = session.exec(select(func.count()).select_from(query.subquery())).one()
-    rows = session.exec(query.order_by(col(Run.id).desc()).limit(limit).offset(offset)).all()
+    """Newest first, filtered (``run_filters``); returns (page, total matching) as ORM rows (the API's
+    ``GET /api/runs`` answers from ``app.services.reads.run_page_json`` instead)."""
+    where = run_filters(status=status, name=name, spec_id=spec_id, created_after=created_after,
+                        created_before=created_before)
+    total = session.exec(select(func.count()).select_from(Run).where(*where)).one()
+    rows = session.exec(select(Run).where(*where).order_by(col(Run.id).desc()).limit(limit).offset(offset)).all()
     return list(rows), total
 
 
