@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -34,6 +32,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, whether run with -m or as a script
+from common import machine, write_result  # noqa: E402
 
 ROLES = ("actor", "critic", "reference", "rollout")
 IMPLEMENTATIONS = ("eager", "sdpa")
@@ -137,25 +138,6 @@ def measure(args: argparse.Namespace, folder: str, role: str, seq: int) -> list[
     return rows
 
 
-def machine() -> dict[str, Any]:
-    import torch
-    import transformers
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "gpu": gpu,
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "load_1min": load}
-
-
 def report(rows: list[dict[str, Any]], args: argparse.Namespace, info: dict[str, Any], started: datetime) -> str:
     by = {(r["role"], r["impl"], r["seq"]): r for r in rows}
     lines = [
@@ -240,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{e['min_s'] / s['min_s']:.2f}x, memory ratio "
                       f"{(e['peak_mb'] / s['peak_mb']) if s['peak_mb'] > 0.5 else float('nan'):.2f}x", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(rows, args, info, started))
-    print(f"wrote {args.out}")
+    write_result(args.out, report(rows, args, info, started))
     return 0
 
 

@@ -43,7 +43,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling bench module
-from bench_trl import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, WORK, Side, machine, run_attnboard  # noqa: E402
+from bench_trl import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, WORK, Side, run_attnboard  # noqa: E402
+from common import load_text, local_ray, machine, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("generate", "log-probs (old, ref, values)", "actor update", "critic update")
@@ -258,7 +259,7 @@ def report(engine: Side, timed: dict[str, list[dict[str, float]]], *,
         "",
         f"- date: {started.strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {info['host']}, {info['cpu']}, {info['cores']} cores, no GPU; load average (1/5/15 min) "
-        f"{'/'.join(f'{x:.1f}' for x in load[0])} at the start, {'/'.join(f'{x:.1f}' for x in load[1])} at the end "
+        f"{load_text(load[0])} at the start, {load_text(load[1])} at the end "
         "(a shared machine)",
         f"- software: Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}",
         f"- command: `.venv/bin/python bench/bench_overhead.py --steps {args.steps} "
@@ -306,7 +307,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "overhead.md")
     args = parser.parse_args(argv)
 
-    import ray
     import torch.distributed as dist
 
     from worker import models
@@ -337,14 +337,12 @@ def main(argv: list[str] | None = None) -> int:
                 timed[variant].append(row)
         turns[0] += 1
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             namespace="attnboard-bench")
     try:
-        run_attnboard(engine, steps=args.steps, response_length=r_len, cache_dir=cache_dir,
-                      run_id=f"bench-overhead-{os.getpid()}", between_steps=between_steps)
+        with local_ray():
+            run_attnboard(engine, steps=args.steps, response_length=r_len, cache_dir=cache_dir,
+                          run_id=f"bench-overhead-{os.getpid()}", between_steps=between_steps)
         fsdp_self = fsdp_share(steps[VARIANTS[2]])
     finally:
-        ray.shutdown()
         dist.destroy_process_group()
     for i, (e, row) in enumerate(zip(engine.step_s, timed[VARIANTS[0]]), start=1):
         print(f"step {i}: engine {e * 1000:.0f} ms, plain {sum(row.values()) * 1000:.0f} ms, "
@@ -352,9 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(engine, timed, args=args, info=info, started=started, load=(load_start, os.getloadavg()),
                   fsdp_self=fsdp_self)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+    write_result(args.out, text)
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import threading
 import time
@@ -38,6 +37,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from common import load_text, local_ray, machine, write_result  # noqa: E402 - bench/ is on sys.path when run
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "_work"
@@ -235,25 +236,6 @@ class TrlStepper:
 # Report
 
 
-def machine() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import torch
-    import transformers
-
-    try:
-        trl = version("trl")
-    except PackageNotFoundError:
-        trl = "not installed"
-    cpu = platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl}
-
-
 def _row(side: Side) -> str:
     tps = side.tokens_per_s
     step, gen = statistics.median(side.step_s), statistics.median(side.gen_s)
@@ -284,7 +266,7 @@ def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, A
         "",
         f"- date: {started.strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {info['host']}, {info['cpu']}, {info['cores']} cores, no GPU; load average (1/5/15 min) "
-        f"{'/'.join(f'{x:.1f}' for x in load[0])} at the start, {'/'.join(f'{x:.1f}' for x in load[1])} at the end "
+        f"{load_text(load[0])} at the start, {load_text(load[1])} at the end "
         "(a shared machine)",
         f"- software: Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, "
         f"trl {info['trl']} (installed into the project venv; it changed neither torch nor transformers)",
@@ -336,7 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "trl.md")
     args = parser.parse_args(argv)
 
-    import ray
     import torch
 
     from worker import models
@@ -350,22 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     ours, trl = Side("attnboard"), Side("TRL 1.12.0")
     stepper = TrlStepper(trl, steps=args.steps, response_length=args.response_length, folder=folder,
                          out_dir=WORK / "trl-out")
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             namespace="attnboard-bench")
-    try:
+    with local_ray():
         run_attnboard(ours, steps=args.steps, response_length=args.response_length, cache_dir=cache_dir,
                       run_id=f"bench-trl-{os.getpid()}", between_steps=stepper.step)
         stepper.finish()
-    finally:
-        ray.shutdown()
     for i, (a, t) in enumerate(zip(ours.tokens_per_s, trl.tokens_per_s), start=1):
         print(f"step {i}: attnboard {a:.1f} tokens/s, TRL {t:.1f} tokens/s, ratio {a / t:.2f}x")
     text = report(ours, trl, args=args, info=info, started=started, load=(load_start, os.getloadavg()),
                   gc_s=gc_collect_s())
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+    write_result(args.out, text)
     return 0
 
 
