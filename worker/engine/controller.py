@@ -189,10 +189,10 @@ class Trainer:
             self._run()
             final = (RunState.succeeded, f"{self.total_steps} steps done", {})
         except Cancelled:
-            final = (RunState.cancelled, "", {})
+            final = self._cancelled_end()
         except RankFailed as exc:
             if self.cancelled:
-                final = (RunState.cancelled, "", {})
+                final = self._cancelled_end()
             else:
                 log.emit(Kind.error, {"message": str(exc), "rank": exc.rank, "cause": exc.cause, "died": exc.died,
                                       "traceback": exc.remote_traceback[-4000:]})
@@ -202,7 +202,7 @@ class Trainer:
             final = (RunState.failed, exc.payload["message"], {"role": exc.payload["role"]})
         except Exception as exc:  # noqa: BLE001 - the run ends failed with the cause, never silently
             if self.cancelled:
-                final = (RunState.cancelled, "", {})
+                final = self._cancelled_end()
             else:
                 log.emit(Kind.error, {"message": f"{type(exc).__name__}: {exc}",
                                       "traceback": traceback.format_exc()[-4000:]})
@@ -212,10 +212,11 @@ class Trainer:
             self.stop_ranks(reusable=state in (RunState.succeeded, RunState.cancelled))
         except Exception:  # noqa: BLE001 - letting go must never hide the run's end
             traceback.print_exc()
-        if state == RunState.cancelled:
-            reason = getattr(self, "_cancel_reason", "cancelled")
         log.status(state, reason, **extra)
         return log.state
+
+    def _cancelled_end(self) -> tuple[RunState, str, dict[str, Any]]:
+        return RunState.cancelled, getattr(self, "_cancel_reason", "cancelled"), {}
 
     def stop_ranks(self, *, reusable: bool = False) -> None:
         """Hand the ranks back: reused (warm pool) only when ``reusable`` and no call is in flight."""
