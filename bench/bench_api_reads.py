@@ -92,13 +92,26 @@ def fill(url: str, runs: int, events: int) -> float:
     return time.perf_counter() - t0
 
 
-def serve(url: str, data_dir: Path) -> tuple[subprocess.Popen, str]:
+SERVERS = {
+    "app": "one uvicorn process (`app.main:create_app`, no Ray, log level warning)",
+    "serve": "`attnboard serve` as deployed: the served app with its embedded Ray head (2 CPUs), engine host, "
+             "supervisor thread and uvicorn's access log",
+}
+
+
+def serve(url: str, data_dir: Path, server: str = "app") -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "ATTNBOARD_DATABASE_URL": url, "ATTNBOARD_DATA_DIR": str(data_dir)}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--port", str(port),
-                             "--log-level", "warning"], env=env, cwd=ROOT)
+    if server == "app":
+        command = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--port", str(port),
+                   "--log-level", "warning"]
+    else:
+        env.update({"ATTNBOARD_RAY_NUM_CPUS": "2", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                    "RAY_USAGE_STATS_ENABLED": "0"})
+        command = [str(Path(sys.executable).with_name("attnboard")), "serve", "--port", str(port)]
+    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    for _ in range(1200):
         try:
             if httpx.get(f"{base}/api/health", timeout=2).status_code == 200:
                 return proc, base
@@ -212,6 +225,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=400, help="per client")
+    parser.add_argument("--server", choices=list(SERVERS), default="app",
+                        help="app: the FastAPI app alone; serve: `attnboard serve` with its embedded Ray")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "api_reads.md")
     args = parser.parse_args()
 
@@ -234,7 +249,7 @@ def main() -> None:
             make_engine(url).dispose()
             fill_s = fill(url, args.runs, args.events)
             print(f"{backend}: inserted {args.runs} runs and {args.events} events in {fill_s:.1f} s", flush=True)
-            proc, base = serve(url, tmp / "data")
+            proc, base = serve(url, tmp / "data", args.server)
             try:
                 per_run = args.events // args.runs
                 measure(base, args.runs, per_run, args.clients, 6)  # warm-up
@@ -246,7 +261,7 @@ def main() -> None:
                 passes = [(args.clients, loaded), (1, measure(base, args.runs, per_run, 1, args.requests * 2)[0])]
             finally:
                 proc.terminate()
-                proc.wait(30)
+                proc.wait(120)
             for clients, times in passes:
                 for name, values in times.items():
                     p50, p99 = pct(values, 50), pct(values, 99)
@@ -279,7 +294,7 @@ def main() -> None:
         f"- data: {args.runs:,} runs and {args.events:,} events inserted with SQL (then `ANALYZE` on SQLite,",
         "  `VACUUM ANALYZE` on PostgreSQL)",
         f"- load: {args.clients} concurrent clients x {args.requests} requests each, closed loop with no think time,",
-        f"  against one uvicorn process (`app.main:create_app`, no Ray); then 1 client x {args.requests * 2}",
+        f"  against {SERVERS[args.server]}; then 1 client x {args.requests * 2}",
         "- command: `.venv/bin/python bench/bench_api_reads.py " + " ".join(sys.argv[1:]) + "`",
         "- target: p99 <= 50 ms for the three reads, on SQLite and on PostgreSQL",
         "",
