@@ -35,6 +35,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import write_result  # noqa: E402 - bench/ is sys.path[0] when run as a script
+
 from app.db import make_engine, run_migrations  # noqa: E402
 from app.services.ray_runtime import free_port  # noqa: E402
 
@@ -334,9 +336,7 @@ def main() -> None:
         "same statement.",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines), encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, "\n".join(lines))
 
 
 if __name__ == "__main__":

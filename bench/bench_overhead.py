@@ -36,15 +36,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling bench module
-from bench_trl import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, WORK, Side, run_attnboard  # noqa: E402
-from common import load_text, local_ray, machine, write_result  # noqa: E402
+from bench_trl import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, Side, run_attnboard, start_problem  # noqa: E402
+from common import load_text, local_ray, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("generate", "log-probs (old, ref, values)", "actor update", "critic update")
@@ -309,15 +309,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from worker import models
     from worker.engine.rank import free_port
 
-    torch.set_num_threads(1)  # as each engine rank does (RankWorker)
-    started = datetime.now(timezone.utc)
-    load_start = os.getloadavg()
-    info = machine()
-    cache_dir = WORK / "models"
-    folder = models.ensure_builtin_folder("builtin:tiny-llama", cache_dir)
+    started, load_start, info, cache_dir, folder = start_problem()
     ids, mask, eos, pad = prompt_batch(folder)
     r_len = args.response_length
     engine = Side("engine")

@@ -25,6 +25,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import write_result  # noqa: E402 - bench/ is sys.path[0] when run as a script
+
 from tests.app.service_support import AppProcess, app_env, ray_env, tiny_run_spec, token_headers  # noqa: E402
 
 
@@ -142,9 +144,7 @@ def main() -> None:
         "Without warm ranks each run waits for a new rank process to import torch and the engine (`ranks up`).",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines), encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, "\n".join(lines))
 
 
 if __name__ == "__main__":

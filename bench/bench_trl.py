@@ -311,6 +311,19 @@ def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, A
     return "\n".join(lines) + "\n"
 
 
+def start_problem() -> tuple[datetime, tuple[float, ...], dict[str, Any], Path, Path]:
+    """The set-up this benchmark and bench_overhead share: 1 torch thread (as each engine rank has), the start
+    time and load average, the machine, and the tiny-llama folder -> (started, load, machine, cache, folder)."""
+    import torch
+
+    from worker import models
+
+    torch.set_num_threads(1)
+    started, load = datetime.now(timezone.utc), os.getloadavg()
+    cache_dir = WORK / "models"
+    return started, load, machine(), cache_dir, models.ensure_builtin_folder("builtin:tiny-llama", cache_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="measured steps per side (one warm-up step more)")
@@ -318,16 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "trl.md")
     args = parser.parse_args(argv)
 
-    import torch
-
-    from worker import models
-
-    torch.set_num_threads(1)  # as each engine rank does (RankWorker)
-    started = datetime.now(timezone.utc)
-    load_start = os.getloadavg()
-    info = machine()
-    cache_dir = WORK / "models"
-    folder = models.ensure_builtin_folder("builtin:tiny-llama", cache_dir)
+    started, load_start, info, cache_dir, folder = start_problem()
     ours, trl = Side("attnboard"), Side("TRL 1.12.0")
     stepper = TrlStepper(trl, steps=args.steps, response_length=args.response_length, folder=folder,
                          out_dir=WORK / "trl-out")
