@@ -203,8 +203,10 @@ def test_cancel_stops_every_rank_within_10_seconds_and_eager_runs_where_asked(lo
     # Eager on every actor-side role and sdpa on the critic: what each role asked for is what ran.
     assert_observed(events, {"actor": "eager", "rollout": "eager", "reference": "eager", "critic": "sdpa"})
     assert of(events, "env_probe")[0]["device"] == "cpu"
-    pids = next(p["pids"] for p in of(events, "log") if "pids" in p)
+    up = next(p for p in of(events, "log") if "pids" in p)
+    pids = up["pids"]
     assert sorted(_held(run_id)) == sorted(pids) and len(pids) == 2
+    assert up["warm"] == 0 and "all new" in up["message"]  # this host has no warm ranks
     started = time.time()
     ray.get(controller.cancel("test cancel"), timeout=15)
     events = _wait_for(controller, lambda ev: ev and ev[-1]["kind"] == "status" and ev[-1]["payload"]["state"] == "cancelled",
@@ -247,7 +249,9 @@ def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray,
             events = _wait_for(controller, lambda ev: ev and ev[-1]["kind"] == "status"
                                and ev[-1]["payload"]["state"] in ("succeeded", "failed"), timeout=240)
             assert states(events)[-1] == "succeeded", of(events, "error")
-            pids.append(sorted(next(p["pids"] for p in of(events, "log") if "pids" in p)))
+            up = next(p for p in of(events, "log") if "pids" in p)
+            assert up["warm"] == 2 and "(cpu, 2 warm, 0 new, process group on 127.0.0.1:" in up["message"]
+            pids.append(sorted(up["pids"]))
             assert ray.get(host.pool_status.remote())["idle"] == 2  # back before the final status
             _finish(controller, events)
         assert pids[0] == pids[1]  # the same two processes ran both runs

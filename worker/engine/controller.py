@@ -281,7 +281,8 @@ class Trainer:
             log.emit(Kind.log, {"message": f"saved the actor to {saved[0]}", "path": saved[0]})
 
     def _start_ranks(self, device: str, world: int, meshes: dict[str, Mesh]) -> None:
-        handles = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world)
+        acquired = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world)
+        handles = acquired.handles
         group = WorkerGroup(handles, meshes, lambda: self.cancelled)
         with self._lock:
             self.group = group
@@ -291,8 +292,9 @@ class Trainer:
                                list(range(world)))
         addr, port = group.wait([handles[0].address.remote()], [0])[0]
         group.call("init_process_group", addr, port, sorted({m.sp for m in meshes.values()}))
-        self.log.emit(Kind.log, {"message": f"{world} rank workers up ({device}, process group on {addr}:{port})",
-                                 "pids": self.pids})
+        started = f"{acquired.warm} warm, {world - acquired.warm} new" if acquired.warm else "all new"
+        self.log.emit(Kind.log, {"message": f"{world} rank workers up ({device}, {started}, process group on "
+                                            f"{addr}:{port})", "pids": self.pids, "warm": acquired.warm})
 
     def _emit_attention(self, report: dict[str, Any], resolution) -> None:
         predicted = resolution.roles[report["role"]]

@@ -50,8 +50,16 @@ def kill(handle: Any) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Acquired:
+    """A run's rank actors in rank order; the first ``warm`` of them came from the pool."""
+
+    handles: list[Any]
+    warm: int = 0
+
+
 class RankSource(Protocol):
-    def acquire(self, *, run_id: str, device: str, world: int) -> list[Any]: ...
+    def acquire(self, *, run_id: str, device: str, world: int) -> Acquired: ...
 
     def release(self, handles: list[Any], *, device: str, reusable: bool) -> None: ...
 
@@ -61,11 +69,11 @@ class RankSource(Protocol):
 class FreshRanks:
     """One new, named actor per rank; every one is killed when the run ends."""
 
-    def acquire(self, *, run_id: str, device: str, world: int) -> list[Any]:
+    def acquire(self, *, run_id: str, device: str, world: int) -> Acquired:
         remote = ray.remote(RankWorker)
-        return [remote.options(**rank_resources(device), max_restarts=0, name=rank_name(run_id, r),
-                               namespace=NAMESPACE).remote(r, world, run_id, device)
-                for r in range(world)]
+        return Acquired([remote.options(**rank_resources(device), max_restarts=0, name=rank_name(run_id, r),
+                                        namespace=NAMESPACE).remote(r, world, run_id, device)
+                         for r in range(world)])
 
     def release(self, handles: list[Any], *, device: str, reusable: bool) -> None:
         for handle in handles:
@@ -116,7 +124,7 @@ class RankPool:
 
     # ---- runs
 
-    def acquire(self, *, run_id: str, device: str, world: int) -> list[Any]:
+    def acquire(self, *, run_id: str, device: str, world: int) -> Acquired:
         """``world`` rank actors on ``device``: the warm ones first (oldest first), new ones for the rest."""
         with self._lock:
             mine = [w for w in self._idle if w.device == device][:world]
@@ -133,7 +141,7 @@ class RankPool:
                     self._new.append(handle.pid.remote())
                     handles.append(handle)
         log.info("run %s: %d warm and %d new rank(s) on %s", run_id, len(mine), world - len(mine), device)
-        return handles
+        return Acquired(handles, warm=len(mine))
 
     def release(self, handles: list[Any], *, device: str, reusable: bool) -> None:
         """Back to the pool (reset) when ``reusable``, else killed. Ranks coming back from a run go first in
