@@ -139,7 +139,7 @@ class RayLauncher:
         self.runtime = runtime
         self.model_roots = model_roots or []
         self.warm_ranks, self.warm_device = warm_ranks, warm_device
-        self.engine_name = engine_name  # this app's engine host (``worker.engine.host.host_name`` of its database)
+        self.engine_name = engine_name  # this app's engine host (``worker.contract.host_name`` of its database)
         self.wake = threading.Event()
 
     # ---- the Launcher protocol

@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from worker.contract import HOST_NAME, NAMESPACE, host_name  # noqa: F401 - host_name is part of this module's API
+from worker.contract import HOST_NAME, NAMESPACE
 from worker.engine.controller import RunController
 from worker.engine.events import Event
 from worker.engine.ranks import PoolSettings, RankPool

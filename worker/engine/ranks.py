@@ -43,6 +43,12 @@ def rank_resources(device: str) -> dict[str, float]:
     return {"num_cpus": 1} if device == "cpu" else {"num_cpus": 1, "num_gpus": 1}
 
 
+def start_rank(device: str, rank: int = 0, world: int = 1, run_id: str = "", **options: Any) -> Any:
+    """A new rank actor asking Ray for its resources (``rank_resources``); ``options`` add e.g. a name."""
+    return ray.remote(RankWorker).options(**rank_resources(device), max_restarts=0, **options).remote(
+        rank, world, run_id, device)
+
+
 def kill(handle: Any) -> None:
     try:
         ray.kill(handle, no_restart=True)
@@ -70,9 +76,7 @@ class FreshRanks:
     """One new, named actor per rank; every one is killed when the run ends."""
 
     def acquire(self, *, run_id: str, device: str, world: int) -> Acquired:
-        remote = ray.remote(RankWorker)
-        return Acquired([remote.options(**rank_resources(device), max_restarts=0, name=rank_name(run_id, r),
-                                        namespace=NAMESPACE).remote(r, world, run_id, device)
+        return Acquired([start_rank(device, r, world, run_id, name=rank_name(run_id, r), namespace=NAMESPACE)
                          for r in range(world)])
 
     def release(self, handles: list[Any], *, device: str, reusable: bool) -> None:
@@ -115,12 +119,15 @@ class RankPool:
     def configure(self, settings: PoolSettings) -> None:
         with self._lock:
             self.settings = settings
-            surplus = [w for w in self._idle if w.device != settings.device][::-1]
-            surplus += [w for w in self._idle if w.device == settings.device][settings.target:]
-            for warm in surplus:
-                self._idle.remove(warm)
-                kill(warm.handle)
+            self._drop([w for w in self._idle if w.device != settings.device]
+                       + [w for w in self._idle if w.device == settings.device][settings.target:])
         self.refill()
+
+    def _drop(self, warms: list[_Warm]) -> None:
+        """Take ``warms`` out of the pool and kill them (the caller holds the lock)."""
+        for warm in warms:
+            self._idle.remove(warm)
+            kill(warm.handle)
 
     # ---- runs
 
@@ -132,12 +139,9 @@ class RankPool:
                 self._idle.remove(warm)
             handles = [w.handle for w in mine]
             if len(handles) < world:
-                for warm in [w for w in self._idle if w.device != device]:  # their CPUs/GPUs go to the new ranks
-                    self._idle.remove(warm)
-                    kill(warm.handle)
-                remote = ray.remote(RankWorker)
+                self._drop([w for w in self._idle if w.device != device])  # their CPUs/GPUs go to the new ranks
                 for r in range(len(handles), world):
-                    handle = remote.options(**rank_resources(device), max_restarts=0).remote(r, world, run_id, device)
+                    handle = start_rank(device, r, world, run_id)
                     self._new.append(handle.pid.remote())
                     handles.append(handle)
         log.info("run %s: %d warm and %d new rank(s) on %s", run_id, len(mine), world - len(mine), device)
@@ -163,10 +167,7 @@ class RankPool:
                 if handle not in keep:
                     kill(handle)
             self._idle[:0] = [_Warm(h, device) for h in keep]
-            mine = [w for w in self._idle if w.device == self.settings.device]
-            for warm in mine[self.settings.target:]:
-                self._idle.remove(warm)
-                kill(warm.handle)
+            self._drop([w for w in self._idle if w.device == self.settings.device][self.settings.target:])
 
     def idle_resources(self) -> dict[str, float]:
         """What the idle warm ranks hold: free for the next run, so the scheduler counts it as available."""
@@ -203,16 +204,7 @@ class RankPool:
             fits = int(min(available.get("CPU", 0.0) // need["num_cpus"],
                            available.get("GPU", 0.0) // need["num_gpus"] if "num_gpus" in need else missing))
             started = max(0, min(missing, fits))
-            remote = ray.remote(RankWorker)
-            for _ in range(started):
-                handle = remote.options(**need, max_restarts=0).remote(0, 1, "", device)
-                self._idle.append(_Warm(handle, device))
+            self._idle += [_Warm(start_rank(device), device) for _ in range(started)]
         if started:
             log.info("pool: started %d warm rank(s) on %s", started, device)
         return started
-
-    def shutdown(self) -> None:
-        with self._lock:
-            for warm in self._idle:
-                kill(warm.handle)
-            self._idle.clear()
