@@ -36,6 +36,12 @@ TINY_CPU: dict[str, Any] = {
     "algorithm.adv_estimator": "gae",
     "algorithm.gamma": 1.0,
     "algorithm.lam": 1.0,
+    # precision, out loud: fp32 everywhere (verl's default is bf16 compute over fp32 master weights;
+    # this machine's CPUs run bf16 matmuls slowly)
+    "actor_rollout_ref.actor.fsdp_config.dtype": "fp32",
+    "actor_rollout_ref.ref.fsdp_config.dtype": "fp32",
+    "actor_rollout_ref.rollout.dtype": "fp32",
+    "critic.fsdp.dtype": "fp32",
     # a 2-rank CPU run with gloo
     "trainer.device": "cpu",
     "trainer.n_gpus_per_node": 2,

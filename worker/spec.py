@@ -149,7 +149,42 @@ class CriticOptimSection(OptimSection):
     lr: float = Field(1e-5, gt=0, le=1.0)
 
 
-class FsdpConfig(_Section):
+class DType(str, Enum):
+    """verl's spellings of a dtype (``PrecisionType``), kept as written so an export reads as the import did."""
+
+    bf16 = "bf16"
+    bfloat16 = "bfloat16"
+    fp16 = "fp16"
+    float16 = "float16"
+    fp32 = "fp32"
+    float32 = "float32"
+
+
+DTYPE_NAMES: dict[str, str] = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16",
+    "fp32": "float32", "float32": "float32",
+}
+"""A verl dtype spelling -> the torch dtype name it means."""
+
+
+def torch_dtype_name(value: str) -> str:
+    """``"bf16"`` -> ``"bfloat16"``; ValueError naming the valid spellings otherwise."""
+    try:
+        return DTYPE_NAMES[str(value)]
+    except KeyError:
+        raise ValueError(f"{value!r} is not a dtype; valid: {', '.join(DTYPE_NAMES)}") from None
+
+
+class _Precision(_Section):
+    """verl's FSDP engine precision: master weights and optimizer state in ``model_dtype``, forward and
+    backward in ``dtype`` (FSDP's param dtype; gradients reduced in fp32)."""
+
+    dtype: DType = Field(DType.bfloat16, description="Compute dtype of forward and backward (verl: bfloat16).")
+    model_dtype: DType = Field(DType.fp32, description="Dtype of the master weights and optimizer state (verl: fp32).")
+
+
+class FsdpConfig(_Precision):
     param_offload: bool = False
     optimizer_offload: bool = False
     ulysses_sequence_parallel_size: int = Field(1, gt=0, le=1024, description="verl's Ulysses sequence-parallel size.")
@@ -174,6 +209,12 @@ class ActorSection(_Section):
     fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig)
 
 
+class RefSection(_Section):
+    """The reference policy's own FSDP engine settings (its model is the actor's section)."""
+
+    fsdp_config: _Precision = Field(default_factory=_Precision)
+
+
 class RolloutSection(_Section):
     name: RolloutName = Field(
         RolloutName.vllm,
@@ -183,11 +224,13 @@ class RolloutSection(_Section):
     temperature: float = Field(1.0, ge=0, le=100)
     top_p: float = Field(1.0, gt=0, le=1)
     do_sample: bool = True
+    dtype: DType = Field(DType.bfloat16, description="Dtype the rollout generates in (verl: bfloat16).")
 
 
 class ActorRolloutRef(_Section):
     model: ModelSection = Field(default_factory=ModelSection)
     actor: ActorSection = Field(default_factory=ActorSection)
+    ref: RefSection = Field(default_factory=RefSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
 
 
@@ -195,6 +238,7 @@ class CriticSection(_Section):
     strategy: Strategy = Strategy.fsdp
     model: ModelSection = Field(default_factory=ModelSection)
     optim: CriticOptimSection = Field(default_factory=CriticOptimSection)
+    fsdp: _Precision = Field(default_factory=_Precision)
     ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0, le=1_000_000)
     cliprange_value: float = Field(0.5, gt=0, le=100)
     grad_clip: float = Field(1.0, gt=0)
@@ -299,6 +343,15 @@ class RunSpec(_Section):
     @property
     def critic_sp(self) -> int:
         return max(self.critic.ulysses_sequence_parallel_size, self.critic.turbo_cp_size)
+
+    def precision(self, role: str) -> tuple[str, str]:
+        """(compute dtype, master-weights dtype) of a role as torch dtype names, e.g. ("bfloat16", "float32").
+        Rollout generates in ``rollout.dtype`` with the actor's weights (master dtype: the actor's)."""
+        arr = self.actor_rollout_ref
+        section = {"actor": arr.actor.fsdp_config, "reference": arr.ref.fsdp_config, "critic": self.critic.fsdp,
+                   "rollout": arr.actor.fsdp_config}[role]
+        compute = arr.rollout.dtype if role == "rollout" else section.dtype
+        return torch_dtype_name(compute), torch_dtype_name(section.model_dtype)
 
     @property
     def total_steps(self) -> int | None:
