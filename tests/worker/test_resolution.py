@@ -376,3 +376,11 @@ def test_plain_ulysses_wraps_eager_and_sdpa_only(role, policy, effective, status
     assert "verl itself runs Ulysses with flash_attention_2" in why and "limit of attnboard's engine" in why
     if policy == "strict":
         assert "though verl would run it" in next(r.text for r in result.reasons if r.rule == Rule.strict.value)
+
+
+def test_every_rule_id_is_in_the_readme_table():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Attention rules", 1)[1].split("\n## ", 1)[0]
+    assert [r.value for r in Rule if f"`{r.value}`" not in table] == []
