@@ -60,6 +60,10 @@ def test_fallback_events_carry_the_original_error():
         {"role": "actor", "rank": 1, "from": "flash_attention_2", "to": "sdpa", "error": "ImportError: no flash",
          "diagnosis": {"category": "not_installed"}}]
     assert planning.fallback_payloads(report(attempts=[{"implementation": "sdpa", "ok": True}])) == []
+    refused = {"implementation": "flash_attention_2", "ok": False, "error": "ImportError: no flash",
+               "diagnosis": {"category": "flash_attn_not_installed"}, "refused_by": "flash-attn-not-installed"}
+    assert planning.fallback_payloads(report(attempts=[refused, {"implementation": "sdpa", "ok": True}]))[0][
+        "refused_by"] == "flash-attn-not-installed"
 
 
 @pytest.mark.parametrize(

@@ -97,14 +97,17 @@ def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict
 
 
 def fallback_payloads(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One ``fallback`` event per failed attempt that a later implementation replaced."""
+    """One ``fallback`` event per failed attempt that a later implementation replaced (``refused_by``: the rule
+    of the availability check that refused it before any load, when it did)."""
     out = []
     attempts = report["attempts"]
     for failed, nxt in zip(attempts, attempts[1:]):
         if failed["ok"]:
             continue
         out.append({"role": report["role"], "rank": report["rank"], "from": failed["implementation"],
-                    "to": nxt["implementation"], "error": failed["error"], "diagnosis": failed["diagnosis"]})
+                    "to": nxt["implementation"], "error": failed["error"], "diagnosis": failed["diagnosis"],
+                    # refused by the rank's availability check (rule id) rather than by a real load
+                    **({"refused_by": failed["refused_by"]} if "refused_by" in failed else {})})
     return out
 
 
