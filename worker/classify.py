@@ -165,9 +165,9 @@ DEVICES = ("cpu", "cuda", "npu")
 class EnvFacts:
     """The few facts about a node the classifier uses.
 
-    Field names match ``worker.environment.Environment``, so ``EnvFacts.of(environment)`` adapts one
-    without this module importing it. ``compute_capability`` is ``(major, minor)`` on CUDA, else None;
-    ``flash_attn_version`` is None when flash-attn is not importable.
+    Field names match ``worker.environment.Environment``, so ``EnvFacts.of(environment)`` adapts one (or a
+    probe dict) and ``environment()`` goes back, for the availability check. ``compute_capability`` is
+    ``(major, minor)`` on CUDA, else None; ``flash_attn_version`` is None when flash-attn is not importable.
     """
 
     device: str
