@@ -79,14 +79,16 @@ def _warn(text: str) -> None:
 
 
 def print_resolution(resolution: Resolution) -> None:
-    """A table of the four roles, then each role's ordered reasons (rule id and sentence)."""
+    """A table of the four roles (with what verl's rollout engine runs, where it picks its own backend), then
+    each role's ordered reasons (rule id and sentence)."""
     table = Table(title=f"attention per role on {resolution.environment} (policy {resolution.policy})",
                   title_justify="left")
-    for column in ("role", "requested", "source", "effective", "status"):
+    for column in ("role", "requested", "source", "effective", "status", "under verl"):
         table.add_column(column, no_wrap=True)
     for role in resolution.roles.values():
         status = Text(role.status, style=STATUS_STYLE.get(role.status, ""))
-        table.add_row(role.role, role.requested, role.source, role.effective or "-", status)
+        under_verl = role.under_verl.effective if role.under_verl else "-"
+        table.add_row(role.role, role.requested, role.source, role.effective or "-", status, under_verl)
     out.print(table)
     for role in resolution.roles.values():
         out.print(Text(f"{role.role}:", style="bold"))

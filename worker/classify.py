@@ -14,8 +14,9 @@ exact strings of transformers 5.24 (``modeling_utils._flash_attn_import_error``,
 errors, and Hydra's struct-mode override errors.
 
 The remedy follows the seed: start from the default (flash_attention_2), degrade one step at a time
-(flash_attention_2 -> sdpa -> eager, ``worker.attention.FALLBACK_CHAIN``), and return to the fast path
-once the cause is fixed.
+along the one fallback chain (``worker.availability.fallback_target``: the next candidate of the failed
+implementation's chain that the node, when known, can run, given what the error taught, e.g. that the model
+has no flash kernel), and return to the fast path once the cause is fixed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from worker.attention import BUILTIN_NAMES, DEFAULT_IMPL, FALLBACK_CHAIN, Impl, is_hub_kernel
+from worker.attention import BUILTIN_NAMES, DEFAULT_IMPL, Impl, is_hub_kernel
+from worker.availability import (FLASH_MIN_COMPUTE_CAPABILITY, Context, ModelSupport, candidates, fallback_target,
+                                 unavailable, version_tuple)
+from worker.environment import Environment
 
 # --------------------------------------------------------------------------------------------
 # Vocabulary
@@ -39,6 +43,7 @@ class Category(str, Enum):
 
     flash_attn_not_installed = "flash_attn_not_installed"
     flash_attn_version = "flash_attn_version"  # too old, or built for another torch/CUDA (undefined symbol)
+    flash_attn_dtype = "flash_attn_dtype"  # FlashAttention asked to run in fp32 (it takes fp16/bf16 only)
     unsupported_hardware = "unsupported_hardware"  # pre-Ampere GPU, compute capability too low
     not_on_cpu = "not_on_cpu"  # flash attention asked for on a machine without a GPU
     architecture_unsupported = "architecture_unsupported"  # the model class lacks FA2 / sdpa / flex
@@ -72,6 +77,7 @@ CATEGORY_STEP: dict[Category, Step] = {
     Category.head_dim: Step.check_compatibility,
     Category.forced_by_engine: Step.check_compatibility,
     Category.output_attentions_unsupported: Step.check_compatibility,
+    Category.flash_attn_dtype: Step.check_compatibility,
     Category.flash_attn_not_installed: Step.fall_back_to_eager,
     Category.flash_attn_version: Step.fall_back_to_eager,
     Category.kernels_missing: Step.fall_back_to_eager,
@@ -84,7 +90,7 @@ CATEGORY_STEP: dict[Category, Step] = {
     Category.other: Step.read_the_error,
 }
 """The step of the seed's order each category belongs to. ``fall_back_to_eager`` means "degrade one step
-along FALLBACK_CHAIN": a missing flash-attn goes to sdpa first, a failing sdpa to eager."""
+along the fallback chain": a missing flash-attn goes to sdpa first, a failing sdpa to eager."""
 
 ROLE_SECTIONS: dict[str, str] = {
     "actor": "actor_rollout_ref",
@@ -97,12 +103,14 @@ ROLE_SECTIONS: dict[str, str] = {
 
 ATTN_KEY = "{section}.model.override_config.attn_implementation"
 ACTOR_SP_KEY = "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"
-
-FLASH_MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
-    Impl.flash_attention_2.value: (8, 0),  # Ampere
-    Impl.flash_attention_3.value: (9, 0),  # Hopper
-    Impl.flash_attention_4.value: (9, 0),
+DTYPE_KEYS: dict[str, tuple[str, ...]] = {
+    "actor_rollout_ref": ("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.ref.fsdp_config.dtype",
+                          "actor_rollout_ref.rollout.dtype"),
+    "critic": ("critic.fsdp.dtype",),
 }
+"""The compute-dtype keys (verl's) per section: actor, reference and rollout share one model."""
+HALF_DTYPE = "bfloat16"
+"""What the dtype remedy sets: verl's default compute dtype."""
 
 # --------------------------------------------------------------------------------------------
 # Inputs
@@ -157,9 +165,9 @@ DEVICES = ("cpu", "cuda", "npu")
 class EnvFacts:
     """The few facts about a node the classifier uses.
 
-    Field names match ``worker.environment.Environment``, so ``EnvFacts.of(environment)`` adapts one
-    without this module importing it. ``compute_capability`` is ``(major, minor)`` on CUDA, else None;
-    ``flash_attn_version`` is None when flash-attn is not importable.
+    Field names match ``worker.environment.Environment``, so ``EnvFacts.of(environment)`` adapts one (or a
+    probe dict) and ``environment()`` goes back, for the availability check. ``compute_capability`` is
+    ``(major, minor)`` on CUDA, else None; ``flash_attn_version`` is None when flash-attn is not importable.
     """
 
     device: str
@@ -181,8 +189,14 @@ class EnvFacts:
 
     @property
     def transformers_major(self) -> int:
-        parts = _version(self.transformers_version)
+        parts = version_tuple(self.transformers_version)
         return parts[0] if parts else 5
+
+    def environment(self) -> Environment:
+        """The same facts as a ``worker.environment.Environment``, for the availability check."""
+        return Environment(name="node", device=self.device, compute_capability=self.compute_capability,
+                           flash_attn_version=self.flash_attn_version, transformers_version=self.transformers_version,
+                           kernels_installed=self.kernels_installed)
 
     @classmethod
     def of(cls, env: Any) -> EnvFacts:
@@ -263,19 +277,6 @@ class _Context:
     match: re.Match[str]
 
 
-def _version(text: str) -> tuple[int, ...]:
-    """Leading numeric parts of a version string: "2.8.3.post1" -> (2, 8, 3)."""
-    parts: list[int] = []
-    for piece in re.split(r"[.+-]", text):
-        digits = re.match(r"\d+", piece)
-        if not digits:
-            break
-        parts.append(int(digits.group()))
-        if digits.group() != piece:
-            break
-    return tuple(parts)
-
-
 def attn_patch(role: str | None, impl: str) -> dict[str, str]:
     """The spec patch setting ``impl`` for a role (both sections when role is None)."""
     sections = sorted(set(ROLE_SECTIONS.values())) if role is None else [ROLE_SECTIONS[role]]
@@ -294,11 +295,30 @@ def _shown(patch: Mapping[str, Any]) -> str:
     return " and ".join(f"{key}={value}" for key, value in patch.items())
 
 
-def _degrade(impl: str | None) -> str:
-    """One step down the chain: any flash kernel, Hub kernel or flex -> sdpa; sdpa -> eager."""
-    if impl in (Impl.sdpa.value, Impl.eager.value):
-        return Impl.eager.value
-    return Impl.sdpa.value
+def _node(ctx: _Context, env: EnvFacts | None = None, **learned: Any) -> Context:
+    """The availability context of the role that failed: the node (``env`` when the error itself tells it,
+    else the one known; None: unknown, assumed able) and ``learned``, the ``Context`` facts the error taught
+    (``support=``, ``sp=``, ``output_attentions=``)."""
+    node = env or ctx.env
+    return Context(node.environment() if node else None, trained=ctx.role not in ("reference", "ref"), **learned)
+
+
+def _next(ctx: _Context, failed: str | None, env: EnvFacts | None = None, **learned: Any) -> str:
+    """The implementation to set after ``failed``: the next one of its fallback chain that the node can run
+    (``worker.availability.fallback_target``)."""
+    return fallback_target(failed, _node(ctx, env, **learned))
+
+
+NO_FLASH = ModelSupport("the model", flash_attn=False)
+"""What an error about a flash kernel's own limit (a broken build, the head dimension) teaches: no flash
+kernel can run this model here."""
+
+
+def _support_without(model: str, impl: str | None) -> ModelSupport:
+    """What "``model`` does not support ``impl``" teaches (transformers has one flag for every flash kernel)."""
+    if impl in (Impl.sdpa.value, Impl.flex_attention.value):
+        return ModelSupport(model, sdpa=impl != Impl.sdpa.value, flex_attn=impl != Impl.flex_attention.value)
+    return ModelSupport(model, flash_attn=False)
 
 
 # Where to look for the implementation an error is about, most specific first.
@@ -412,25 +432,18 @@ _ALIASES: dict[str, str] = {name: name for name in BUILTIN_NAMES} | {
 }
 
 
-def _available(impl: str, env: EnvFacts | None) -> bool:
-    """Whether ``impl`` can load on ``env`` (unknown env: assume yes, the seed starts from the default)."""
-    if env is None or impl in (Impl.eager.value, Impl.sdpa.value, Impl.flex_attention.value):
-        return True
-    if impl not in FLASH_MIN_COMPUTE_CAPABILITY:
-        return False
-    if env.device == "npu":
-        return impl == Impl.flash_attention_2.value
-    has_kernel = env.flash_attn_installed or env.kernels_installed
-    return has_kernel and env.compute_capability is not None and env.compute_capability >= FLASH_MIN_COMPUTE_CAPABILITY[impl]
-
-
 def _unknown_name(ctx: _Context) -> Diagnosis:
     typed = ctx.match["name"]
     listed = list(dict.fromkeys(m["name"] for m in _LISTED_NAME.finditer(ctx.error.head))) or list(BUILTIN_NAMES)
     meant = difflib.get_close_matches(typed.lower(), list(_ALIASES), n=1, cutoff=0.6)
     guess = _ALIASES[meant[0]] if meant else None
-    usable = [name for name in FALLBACK_CHAIN if name in listed and _available(name, ctx.env)]
-    target = guess if guess in listed and _available(guess, ctx.env) else (usable or [Impl.eager.value])[0]
+    node = _node(ctx)
+
+    def usable(name: str | None) -> bool:  # listed by the model, and the node (when known) can run it
+        return name in listed and unavailable(name, node) is None
+
+    target = guess if usable(guess) else next((n for n in candidates(DEFAULT_IMPL, "fallback") if usable(n)),
+                                              Impl.eager.value)
     patch = attn_patch(ctx.role, target)
     meaning = f' (probably "{guess}")' if guess else ""
     sentence = (f'"{typed}"{meaning} is not an attention implementation this model accepts '
@@ -445,7 +458,7 @@ _HUB_NAME = re.compile(r"[\"'`](?P<name>[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*(
 def _kernels_missing(ctx: _Context) -> Diagnosis:
     names = [m["name"] for m in _HUB_NAME.finditer(f"{ctx.error.head}\n{ctx.error.traceback}")]
     kernel = next((name for name in names if is_hub_kernel(name) and "site-packages" not in name), None)
-    patch = attn_patch(ctx.role, Impl.sdpa.value)
+    patch = attn_patch(ctx.role, _next(ctx, kernel))
     asked = kernel or "a Hub kernel"
     sentence = (f"{kernel or 'A Hub kernel'} needs the `kernels` package: set {_shown(patch)} so {_who(ctx.role)} trains now, "
                 f"then pip install kernels (the version the message names) and return to {kernel or 'the kernel'}.")
@@ -456,7 +469,7 @@ def _kernels_missing(ctx: _Context) -> Diagnosis:
 
 def _flash_version(ctx: _Context) -> Diagnosis:
     impl = _flash_impl(ctx)
-    patch = attn_patch(ctx.role, Impl.sdpa.value)
+    patch = attn_patch(ctx.role, _next(ctx, impl, support=NO_FLASH))  # the flash-attn package is unusable here
     minimum = ctx.match.groupdict().get("min")
     if minimum:
         found = f" (found {ctx.env.flash_attn_version})" if ctx.env and ctx.env.flash_attn_version else ""
@@ -478,7 +491,8 @@ def _flash_version(ctx: _Context) -> Diagnosis:
 def _flash_not_installed(ctx: _Context) -> Diagnosis:
     impl = _flash_impl(ctx)
     cc = _min_cc(impl)
-    patch = attn_patch(ctx.role, Impl.sdpa.value)
+    target = _next(ctx, impl)
+    patch = attn_patch(ctx.role, target)
     env = ctx.env
     if env is not None and (env.device == "cpu" or (env.compute_capability or (99, 0)) < tuple(cc)):
         where = "this machine cannot run it either" if env.device == "cpu" else (
@@ -488,7 +502,7 @@ def _flash_not_installed(ctx: _Context) -> Diagnosis:
         where = ""
         then = f"pip install flash-attn --no-build-isolation on a GPU with compute capability >= {cc[0]}.{cc[1]}"
     sentence = (f"flash-attn is not installed{where and ' and ' + where}: set {_shown(patch)} so {_who(ctx.role)} "
-                f"trains on sdpa now, then {then} and return to {impl}.")
+                f"trains on {target} now, then {then} and return to {impl}.")
     return _diagnosis(ctx, Category.flash_attn_not_installed, impl=impl, patch=patch, sentence=sentence,
                       summary=f"{impl} requested but flash-attn is not installed",
                       return_when={"flash_attn_installed": True, "min_compute_capability": cc})
@@ -497,7 +511,7 @@ def _flash_not_installed(ctx: _Context) -> Diagnosis:
 def _not_on_cpu(ctx: _Context) -> Diagnosis:
     impl = _flash_impl(ctx)
     cc = _min_cc(impl)
-    patch = attn_patch(ctx.role, Impl.sdpa.value)
+    patch = attn_patch(ctx.role, _next(ctx, impl, env=EnvFacts("cpu")))  # the error says: a CPU
     sentence = (f"{impl} runs only on a CUDA GPU (compute capability >= {cc[0]}.{cc[1]}) or an Ascend NPU: "
                 f"set {_shown(patch)} to train on this CPU, and return to {impl} on such a GPU with flash-attn.")
     return _diagnosis(ctx, Category.not_on_cpu, impl=impl, patch=patch, sentence=sentence,
@@ -518,7 +532,7 @@ def _unsupported_hardware(ctx: _Context) -> Diagnosis:
                     f"torch and flash-attn were built for its architecture, and use eager to find the failing kernel.")
         return _diagnosis(ctx, Category.unsupported_hardware, impl=impl, patch={}, sentence=sentence,
                           summary="no kernel built for this GPU architecture")
-    patch = attn_patch(ctx.role, Impl.sdpa.value)
+    patch = attn_patch(ctx.role, _next(ctx, flash))
     sentence = (f"{flash} needs a GPU with compute capability >= {cc[0]}.{cc[1]}{found}: set {_shown(patch)} "
                 f"on this GPU, and return to {flash} on a GPU that has it.")
     return _diagnosis(ctx, Category.unsupported_hardware, impl=flash, patch=patch, sentence=sentence,
@@ -528,7 +542,7 @@ def _unsupported_hardware(ctx: _Context) -> Diagnosis:
 
 def _head_dim(ctx: _Context) -> Diagnosis:
     impl = _flash_impl(ctx)
-    patch = attn_patch(ctx.role, Impl.sdpa.value)
+    patch = attn_patch(ctx.role, _next(ctx, impl, support=NO_FLASH))
     sentence = (f"This model's head dimension is outside what the flash-attn kernel supports: "
                 f"set {_shown(patch)} for this model; {impl} cannot run it.")
     return _diagnosis(ctx, Category.head_dim, impl=impl, patch=patch, sentence=sentence,
@@ -538,7 +552,7 @@ def _head_dim(ctx: _Context) -> Diagnosis:
 def _architecture(ctx: _Context) -> Diagnosis:
     impl = ctx.match.groupdict().get("kernel") or _implementation(ctx)
     model = ctx.match.groupdict().get("model") or "This model"
-    target = _degrade(impl)
+    target = _next(ctx, impl, support=_support_without(model, impl))
     patch = attn_patch(ctx.role, target)
     further = f", and go on to eager if {target} is refused too" if target != Impl.eager.value else ""
     sentence = f"{model} has no {impl} implementation: set {_shown(patch)} (one step down from {impl}){further}."
@@ -548,7 +562,7 @@ def _architecture(ctx: _Context) -> Diagnosis:
 
 def _flex_backward(ctx: _Context) -> Diagnosis:
     impl = Impl.flex_attention.value
-    patch = attn_patch(ctx.role, Impl.sdpa.value)
+    patch = attn_patch(ctx.role, _next(ctx, impl, env=EnvFacts("cpu")))  # the error says: a CPU
     sentence = (f"flex_attention cannot train on CPU (no backward there): set {_shown(patch)} to train on "
                 f"this CPU, and return to flex_attention on a GPU.")
     return _diagnosis(ctx, Category.flex_backward_cpu, impl=impl, patch=patch, sentence=sentence,
@@ -557,7 +571,7 @@ def _flex_backward(ctx: _Context) -> Diagnosis:
 
 def _output_attentions(ctx: _Context) -> Diagnosis:
     impl = _implementation(ctx)
-    patch = attn_patch(ctx.role, Impl.eager.value)
+    patch = attn_patch(ctx.role, _next(ctx, impl, output_attentions=True))
     v4 = ctx.env is not None and ctx.env.transformers_major < 5
     behaviour = "transformers 4.x falls back to eager per call" if v4 else "transformers 5.x returns none, silently"
     sentence = (f"Only eager returns attention weights ({behaviour}): set {_shown(patch)} for the run that needs "
@@ -584,11 +598,36 @@ def _forced_eager(ctx: _Context) -> Diagnosis:
 
 def _ulysses_kernel(ctx: _Context) -> Diagnosis:
     impl = ctx.match.group("impl")
-    patch = attn_patch(ctx.role, Impl.sdpa.value)
-    sentence = (f"attnboard's Ulysses sequence parallelism wraps eager and sdpa only, not {impl}: set {_shown(patch)} "
-                f"(the fastest it wraps), or set the sequence-parallel size to 1 to keep {impl}.")
+    patch = attn_patch(ctx.role, _next(ctx, impl, sp=2))  # the error says: sequence parallelism is on
+    sentence = (f"attnboard's Ulysses sequence parallelism wraps eager and sdpa only, not {impl} (verl's own Ulysses "
+                f"runs flash_attention_2; attnboard's wrapper does not yet): set {_shown(patch)} (the fastest it "
+                f"wraps), or set the sequence-parallel size to 1 to keep {impl}.")
     return _diagnosis(ctx, Category.forced_by_engine, impl=impl, patch=patch, sentence=sentence,
                       summary=f"{impl} cannot run inside Ulysses sequence parallelism")
+
+
+def dtype_patch(role: str | None, dtype: str = HALF_DTYPE) -> dict[str, str]:
+    """The spec patch setting the compute dtype of a role's model (every role when None)."""
+    sections = sorted(set(ROLE_SECTIONS.values())) if role is None else [ROLE_SECTIONS[role]]
+    return {key: dtype for section in sections for key in DTYPE_KEYS[section]}
+
+
+def _flash_dtype(ctx: _Context) -> Diagnosis:
+    found = ctx.match.groupdict()
+    if found.get("v"):  # transformers' load-time warning names the version
+        impl = f"flash_attention_{found['v']}"
+    elif found.get("fa4"):
+        impl = Impl.flash_attention_4.value
+    elif found.get("fa3") or found.get("fa3_fp8"):  # only hopper/flash_api.cpp says either
+        impl = Impl.flash_attention_3.value
+    else:
+        impl = _flash_impl(ctx)
+    patch = dtype_patch(ctx.role)
+    sentence = (f"{impl} computes in fp16/bf16 only and {_who(ctx.role)} computes in float32 (transformers only warns "
+                f"at load, the kernel refuses the first forward): set {_shown(patch)}, verl's default (the master "
+                f"weights stay in model_dtype), and keep {impl}.")
+    return _diagnosis(ctx, Category.flash_attn_dtype, impl=impl, patch=patch, sentence=sentence,
+                      summary=f"{impl} asked to compute in float32")
 
 
 def _out_of_memory(ctx: _Context) -> Diagnosis:
@@ -664,6 +703,14 @@ RULES: tuple[Rule, ...] = (
     _rule(Category.head_dim, r"does not support headdim not being a multiple of \d+", _head_dim),
     _rule(Category.head_dim, r"only supports head dimension at most \d+", _head_dim),
     _rule(Category.head_dim, r"backward for head dim > \d+ requires", _head_dim),
+    # FlashAttention in fp32: the kernels' refusal at the first forward (FA2, FA3 on Hopper and on Ampere/Ada,
+    # FA4's assert) and transformers' warning at load.
+    _rule(Category.flash_attn_dtype,
+          r"FlashAttention (?P<fa3>on [\w/]+ cards )?only supports? fp16(?:(?P<fa3_fp8>, bf16, and fp8_e4m3)| and bf16) "
+          r"data type", _flash_dtype),
+    _rule(Category.flash_attn_dtype,
+          r"Flash Attention (?P<v>\d) only supports torch\.float16 and torch\.bfloat16 dtypes", _flash_dtype),
+    _rule(Category.flash_attn_dtype, r"(?P<fa4>inputs must be float16, bfloat16)", _flash_dtype),
     # 7. The model class.
     _rule(Category.architecture_unsupported,
           r"(?P<model>\w+) does not support Flash Attention yet, so it cannot use the `(?P<kernel>[^`]+)` kernel",
@@ -743,7 +790,7 @@ def _cc_ok(env: EnvFacts, want: Any) -> bool:
 CONDITIONS: dict[str, Callable[[EnvFacts, Any], bool]] = {
     "flash_attn_installed": lambda env, want: env.flash_attn_installed == bool(want),
     "min_flash_attn_version": lambda env, want: (
-        env.flash_attn_version is not None and _version(env.flash_attn_version) >= _version(str(want))),
+        env.flash_attn_version is not None and version_tuple(env.flash_attn_version) >= version_tuple(str(want))),
     "flash_attn_version_not": lambda env, old: env.flash_attn_version is not None and env.flash_attn_version != old,
     "min_compute_capability": _cc_ok,
     "device": lambda env, want: env.device == want,

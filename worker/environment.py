@@ -31,6 +31,7 @@ class Environment:
     torch_version: str = "2.13.0"
     transformers_version: str = "5.24.0"
     flash_attn_version: str | None = None
+    flash_attn_3_version: str | None = None  # the flash-attn-3 distribution (module flash_attn_interface), Hopper's FA3
     kernels_installed: bool = False
     cuda_version: str | None = None
     description: str = ""
@@ -63,7 +64,7 @@ class Environment:
         for key in ("name", "torch_version", "transformers_version", "description"):
             if key in values and not isinstance(values[key], str):
                 raise ValueError(f"environment.{key}: {values[key]!r} must be a string")
-        for key in ("flash_attn_version", "gpu_name", "cuda_version"):
+        for key in ("flash_attn_version", "flash_attn_3_version", "gpu_name", "cuda_version"):
             if values.get(key) is not None and not isinstance(values[key], str):
                 raise ValueError(f"environment.{key}: {values[key]!r} must be a string or null")
         device = values.get("device", "cpu")

@@ -4,8 +4,10 @@ the troubleshooting classifier's tests feed them back in.
 
 Sources: transformers 5.24 ``modeling_utils.py`` (``_flash_attn_import_error``,
 ``_flash_attn_can_dispatch``, ``_sdpa_can_dispatch``), ``integrations/hub_kernels.py``,
-``integrations/sdpa_attention.py``; transformers 4.57 for the 4.x wording; flash-attn's CUDA kernel;
-torch's flex_attention. See ../shared/ATTENTION_RULES.md.
+``integrations/sdpa_attention.py``; transformers 4.57 for the 4.x wording; flash-attn's kernels
+(Dao-AILab/flash-attention at 0251105a, Aug 2026: ``csrc/flash_attn/flash_api.cpp`` for FA2,
+``hopper/flash_api.cpp`` for FA3, ``flash_attn/cute/interface.py`` for FA4); torch's flex_attention.
+See ../shared/ATTENTION_RULES.md.
 """
 
 from __future__ import annotations
@@ -80,6 +82,29 @@ def unknown_implementation(name: str) -> str:
     return f'Specified `attn_implementation="{name}"` is not supported. The only possible arguments are ...'
 
 
+FLASH_ATTN_DTYPE: dict[int, tuple[str, str]] = {
+    2: ("RuntimeError", "FlashAttention only support fp16 and bf16 data type"),
+    3: ("RuntimeError", "FlashAttention only supports fp16, bf16, and fp8_e4m3 data type"),
+    4: ("AssertionError", "inputs must be float16, bfloat16, fp8 e4m3fn, or fp8 e5m2"),
+}
+"""FlashAttention ``version`` -> (exception type, message) its kernel raises at the first forward on an fp32
+input: ``TORCH_CHECK`` in ``csrc/flash_attn/flash_api.cpp`` (FA2) and ``hopper/flash_api.cpp`` (FA3), an
+``assert`` in ``flash_attn/cute/interface.py`` (FA4)."""
+
+
+def flash_attn_dtype_warning(version: int, model_class: str, dtype: str = "torch.float32") -> str:
+    """What transformers 5.24 only *logs* at load (``_flash_attn_can_dispatch``) for a model not in fp16/bf16;
+    its typo "dype" included."""
+    return (
+        f"Flash Attention {version} only supports torch.float16 and torch.bfloat16 dtypes, but"
+        f" the current dype in {model_class} is {dtype}. You should run training or inference using Automatic "
+        "Mixed-Precision via the `with torch.autocast(device_type='torch_device'):` decorator,"
+        ' or load the model with the `dtype` argument. Example: `model = AutoModel.from_pretrained("meta-llama/'
+        f'Llama-3.2-1B", attn_implementation="flash_attention_{version}", dtype=torch.float16)`'
+    )
+
+
 def ulysses_kernel(name: str) -> str:
-    """attnboard's own error when sequence parallelism is asked to wrap a kernel it cannot."""
-    return f"Ulysses sequence parallelism runs on {', '.join(ULYSSES_BASES)}, not {name!r}"
+    """attnboard's own error when its sequence parallelism is asked to wrap a kernel it cannot (verl's can)."""
+    return (f"attnboard's Ulysses sequence parallelism runs on {', '.join(ULYSSES_BASES)}, not {name!r} "
+            f"(verl's own Ulysses runs flash_attention_2; attnboard's wrapper does not wrap it yet)")

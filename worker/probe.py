@@ -14,7 +14,7 @@ from typing import Any
 
 PROBED_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flex_attention")
 ENVIRONMENT_KEYS = ("device", "compute_capability", "gpu_name", "torch_version", "transformers_version",
-                    "flash_attn_version", "kernels_installed", "cuda_version")
+                    "flash_attn_version", "flash_attn_3_version", "kernels_installed", "cuda_version")
 
 
 def _version(package: str) -> str | None:
@@ -73,6 +73,7 @@ def probe_environment(model_folder: str | Path | None = None) -> dict[str, Any]:
         "torch_version": torch.__version__.split("+", 1)[0],
         "transformers_version": transformers.__version__,
         "flash_attn_version": _version("flash-attn") or _version("flash_attn"),
+        "flash_attn_3_version": _version("flash-attn-3"),  # transformers' is_flash_attn_3_available looks for it
         "kernels_installed": _version("kernels") is not None,
         **_device_facts(),
         "hostname": platform.node(),

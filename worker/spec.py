@@ -91,6 +91,7 @@ class RolloutName(str, Enum):
     hf = "hf"
     vllm = "vllm"
     sglang = "sglang"
+    trtllm = "trtllm"
 
 
 class FallbackPolicy(str, Enum):

@@ -3,8 +3,9 @@
 The seed's advice (SUMMARY.md point 9): "run a small trial comparing throughput and memory on your model
 and hardware before fixing the configuration". ``run_trial`` does exactly that:
 
-1. For each implementation, the resolution preview (``worker.resolution.resolve``) says whether the
-   environment can load it for every role; one it cannot is skipped with the preview's reason.
+1. For each implementation, the resolution preview (``worker.resolution.resolve``, which walks the one
+   availability check of ``worker.availability``) says whether the environment can load it for every role;
+   one it cannot is skipped with the preview's reason.
 2. Each loadable one runs ``steps`` real PPO steps of the spec through the engine (``run_spec``, one Ray
    actor per rank) with that implementation on every role and the strict policy (no silent fallback);
    tokens/s, step time and peak memory come from the run's ``metric`` events.
@@ -13,7 +14,8 @@ and hardware before fixing the configuration". ``run_trial`` does exactly that:
    eager over the real (unpadded) positions.
 4. ``recommend`` picks the fastest implementation whose parity is within tolerance and says why, naming
    the figures; when the fastest two differ by less than the noise it says so and breaks the tie on
-   memory, then on the fallback chain's order (flash_attention_2, sdpa, eager).
+   memory, then on the fallback chain's order (``worker.availability.chain_position``: flash_attention_2,
+   sdpa, eager).
 
 Pure parts (``trial_spec``, ``figures_from_events``, ``summarize``, ``recommend``) are free of I/O; the
 orchestration at the bottom needs Ray initialised (``run_spec`` schedules rank actors). No app import.
@@ -27,9 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.attention import FALLBACK_CHAIN, Impl, is_valid_name, VALID_DESCRIPTION
+from worker.attention import Impl, is_valid_name, VALID_DESCRIPTION
+from worker.availability import ModelSupport, Rule, chain_position
 from worker.environment import Environment
-from worker.resolution import ModelSupport, Rule, Status, resolve
+from worker.resolution import Status, resolve
 from worker.spec import RunSpec, parse_spec, unflatten
 
 PARITY_REFERENCE = Impl.eager.value
@@ -201,10 +204,6 @@ def summarize(steps: Sequence[StepFigures]) -> dict[str, float]:
             "step_time_spread": spread, "peak_memory_mb": max(s.peak_memory_mb for s in steps)}
 
 
-def _chain_rank(implementation: str) -> int:
-    return FALLBACK_CHAIN.index(implementation) if implementation in FALLBACK_CHAIN else len(FALLBACK_CHAIN)
-
-
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
@@ -227,7 +226,7 @@ def recommend(columns: Sequence[Column], tolerance: float = TOLERANCE_FP32) -> R
         f" (tolerance {tolerance:.0e})." for c in rejected)
     if not qualified:
         return Recommendation(None, f"No implementation passed the parity check.{rejected_note}")
-    by_time = sorted(qualified, key=lambda c: (c.step_time_s, _chain_rank(c.implementation)))
+    by_time = sorted(qualified, key=lambda c: (c.step_time_s, chain_position(c.implementation)))
     best = by_time[0]
     if len(by_time) == 1:
         return Recommendation(best.implementation,
@@ -248,7 +247,7 @@ def recommend(columns: Sequence[Column], tolerance: float = TOLERANCE_FP32) -> R
     tied = [c for c in by_time if (c.step_time_s - best.step_time_s) / best.step_time_s <= noise]
     lowest = min(c.peak_memory_mb for c in tied)
     lighter = [c for c in tied if c.peak_memory_mb <= lowest * (1 + MEMORY_MARGIN)]
-    pick = min(lighter, key=lambda c: _chain_rank(c.implementation))
+    pick = min(lighter, key=lambda c: chain_position(c.implementation))
     if len(lighter) < len(tied):
         tiebreak = f"{pick.implementation} uses the least memory"
     else:

@@ -69,6 +69,17 @@ def test_form_starts_from_a_spec_that_resolves(client):
     assert set(preview_rows(html)) == {"actor", "rollout", "reference", "critic"}
 
 
+def test_preview_shows_what_verls_rollout_engine_runs_apart(client):
+    page = soup(client.get("/runs/new").text)
+    rows = {tr["data-role"]: tr for tr in page.select("#preview table.resolution tbody tr")}
+    rollout = rows["rollout"].select_one("td.under-verl")
+    assert rollout.select_one("code").get_text(strip=True).startswith("vllm:")  # verl's default rollout engine
+    assert "override_config does not reach it" in rollout.get_text(" ", strip=True)
+    for role in ("actor", "reference", "critic"):
+        assert rows[role].select_one("td.under-verl code") is None
+    assert [th.get_text(strip=True) for th in page.select("#preview table.resolution thead th")][5] == "under verl"
+
+
 @pytest.mark.parametrize(
     "strategy,expected_badge,expected_effective,rule",
     [
@@ -198,10 +209,17 @@ def test_the_newest_probed_worker_node_is_an_environment_of_the_form(client, ses
     assert option is not None
     assert f"run #{probed}: cuda sm80 A100, flash-attn 2.8.3" in option.get_text()
 
-    for env, effective in (("cpu", "sdpa"), ("probe", "flash_attention_2")):
-        resp = client.post("/runs/preview", data=form_data(page) | fa2 | {"env": env}, headers={"X-CSRF-Token": csrf})
+    # The tiny CPU preset computes in fp32, which FlashAttention refuses (rule flash-attn-dtype); in bf16 it stays.
+    bf16 = {key: "bf16" for key in ("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.ref.fsdp_config.dtype",
+                                    "actor_rollout_ref.rollout.dtype", "critic.fsdp.dtype")}
+    for env, dtypes, effective in (("cpu", bf16, "sdpa"), ("probe", {}, "sdpa"), ("probe", bf16, "flash_attention_2")):
+        resp = client.post("/runs/preview", data=form_data(page) | fa2 | dtypes | {"env": env},
+                           headers={"X-CSRF-Token": csrf})
         assert resp.status_code == 200, resp.text
-        assert preview_rows(resp.text)["actor"]["effective"] == effective, env
+        actor = preview_rows(resp.text)["actor"]
+        assert actor["effective"] == effective, env
+        assert ("flash-attn-dtype" in actor["rules"]) == (env == "probe" and not dtypes)
+    fa2 |= bf16
 
     resp = client.post("/runs", data=form_data(page) | fa2 | {"env": "probe", "name": "on the probed node"},
                        follow_redirects=False)

@@ -29,6 +29,23 @@ def test_resolve_default_on_a_t4_is_an_error_under_strict(client, read_headers):
     assert body["resolution"]["ok"] is False
 
 
+@pytest.mark.parametrize("rollout_name,env,under_verl", [
+    ("vllm", "cuda-sm90-fa2", "vllm:FLASH_ATTN"), ("vllm", "cuda-sm75", "vllm:error"), ("sglang", "cuda-sm80-fa2",
+                                                                                        "sglang:flashinfer"),
+    ("trtllm", "cuda-sm90-fa2", "trtllm:TRTLLM"), ("hf", "cuda-sm90-fa2", None)])
+def test_resolve_tells_the_rollout_engine_apart(client, read_headers, rollout_name, env, under_verl):
+    """The rollout row: what attnboard runs (the actor's HF model) and, apart, what verl's engine runs."""
+    spec = {"actor_rollout_ref.rollout.name": rollout_name}
+    roles = client.post("/api/resolve", json={"spec": spec, "environment": env}, headers=read_headers).json()[
+        "resolution"]["roles"]
+    assert roles["rollout"]["effective"] == roles["actor"]["effective"]
+    assert (roles["rollout"]["under_verl"] or {}).get("effective") == under_verl
+    if under_verl:
+        assert roles["rollout"]["under_verl"]["reached_by_override_config"] is False
+        assert "rollout-engine" in [r["rule"] for r in roles["rollout"]["reasons"]]
+    assert all(roles[r]["under_verl"] is None for r in ("actor", "reference", "critic"))
+
+
 def test_resolve_reports_cross_field_issues(client, read_headers):
     spec = {"data.train_batch_size": 10, "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "trainer.n_gpus_per_node": 1}
     body = client.post("/api/resolve", json={"spec": spec, "environment": "cpu"}, headers=read_headers).json()

@@ -23,6 +23,7 @@ from worker.classify import (
     attn_patch,
     classify,
     conditions_met,
+    dtype_patch,
     fast_path_patch,
     suggest_return_to_fast_path,
 )
@@ -157,6 +158,16 @@ MESSAGES = [
      "implementation, but specifying the manual implementation will be required from Transformers version v5.0.0 "
      "onwards. This warning can be removed using the argument `attn_implementation=\"eager\"` when loading the model.",
      C.output_attentions_unsupported, "sdpa"),
+    # FlashAttention in fp32 (flash-attn's kernels at the first forward; transformers 5.24 only warns at load)
+    ("fa2-fp32", "RuntimeError", messages.FLASH_ATTN_DTYPE[2][1], C.flash_attn_dtype, "flash_attention_2"),
+    ("fa3-fp32", "RuntimeError", messages.FLASH_ATTN_DTYPE[3][1], C.flash_attn_dtype, "flash_attention_3"),
+    ("fa3-fp32-ampere", "RuntimeError", "FlashAttention on Ampere/Ada cards only supports fp16 and bf16 data type",
+     C.flash_attn_dtype, "flash_attention_3"),
+    ("fa4-fp32", "AssertionError", messages.FLASH_ATTN_DTYPE[4][1], C.flash_attn_dtype, "flash_attention_4"),
+    ("fa2-fp32-warning", "", messages.flash_attn_dtype_warning(2, "Qwen2ForCausalLM"), C.flash_attn_dtype,
+     "flash_attention_2"),
+    ("fa3-fp32-warning", "", messages.flash_attn_dtype_warning(3, "LlamaForCausalLM"), C.flash_attn_dtype,
+     "flash_attention_3"),
     # forced by the engine
     ("turbo-conflict", "ValueError", TURBO_CONFLICT_MESSAGE, C.forced_by_engine, "eager"),
     ("turbo-forced", "", "fsdp_turbo with ulysses_sequence_parallel_size=2 forces eager attention "
@@ -190,8 +201,6 @@ MESSAGES = [
     # anything else
     ("other-device", "RuntimeError", "Expected all tensors to be on the same device, but found at least two "
      "devices, cuda:0 and cpu!", C.other, None),
-    ("other-dtype", "RuntimeError", "FlashAttention only support fp16 and bf16 data type", C.other,
-     "flash_attention_2"),
     ("other-key", "KeyError", "'model.layers.0.weight'", C.other, None),
 ]
 
@@ -240,7 +249,7 @@ TRACEBACKS = [
      {CRITIC_KEY: "sdpa"}),
     ("unknown_implementation_name", "ValueError", C.unknown_implementation, "flsh", {CRITIC_KEY: "flash_attention_2"}),
     ("hub_kernel_without_kernels", "ImportError", C.kernels_missing, "kernels-community/flash-attn",
-     {CRITIC_KEY: "sdpa"}),
+     {CRITIC_KEY: "flash_attention_2"}),  # node unknown here: the chain's next after a Hub kernel
     ("flex_attention_backward_on_cpu", "NotImplementedError", C.flex_backward_cpu, "flex_attention",
      {CRITIC_KEY: "sdpa"}),
     ("sdpa_on_model_without_sdpa", "ValueError", C.architecture_unsupported, "sdpa", {CRITIC_KEY: "eager"}),
@@ -357,13 +366,71 @@ def test_unknown_role_names_the_valid_ones():
     (ErrorInfo("UserWarning", "`sdpa` attention does not support `output_attentions=True`."), {ACTOR_KEY: "eager"}),
     (ErrorInfo("ValueError", TURBO_CONFLICT_MESSAGE), {ACTOR_SP_KEY: 1}),
     (ErrorInfo("", "attention forced to eager by the engine"), {}),  # a required fallback, nothing to fix
-    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), {ACTOR_KEY: "sdpa"}),
+    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), {ACTOR_KEY: "flash_attention_2"}),  # node unknown
     (ErrorInfo("RuntimeError", "std::bad_alloc"), {}),  # not a spec change
     (ErrorInfo("RuntimeError", "Could not override 'a.b'.\nTo append to your config use +a.b=1"), {}),
     (ErrorInfo("RuntimeError", "weird"), {}),
 ])
 def test_remedy_patches(error, patch):
     assert classify(error, role="actor").remedy.patch == patch
+
+
+@pytest.mark.parametrize("role,keys", [
+    ("actor", ["actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.ref.fsdp_config.dtype",
+               "actor_rollout_ref.rollout.dtype"]),
+    ("rollout", ["actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.ref.fsdp_config.dtype",
+                 "actor_rollout_ref.rollout.dtype"]),
+    ("reference", ["actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.ref.fsdp_config.dtype",
+                   "actor_rollout_ref.rollout.dtype"]),
+    ("critic", ["critic.fsdp.dtype"]),
+    (None, ["actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.ref.fsdp_config.dtype",
+            "actor_rollout_ref.rollout.dtype", "critic.fsdp.dtype"]),
+])
+def test_flash_attn_dtype_remedy_sets_the_roles_compute_dtype(role, keys):
+    from worker.spec import parse_spec
+
+    diagnosis = classify(ErrorInfo("RuntimeError", messages.FLASH_ATTN_DTYPE[2][1]), A100_FA2, role=role)
+    assert diagnosis.category == C.flash_attn_dtype and diagnosis.step == Step.check_compatibility
+    assert diagnosis.remedy.patch == {key: "bfloat16" for key in keys}
+    assert diagnosis.return_to_fast_path_when is None  # the fix keeps flash_attention_2
+    assert "keep flash_attention_2" in diagnosis.remedy.sentence
+    fixed = parse_spec({"actor_rollout_ref.actor.fsdp_config.dtype": "fp32", "critic.fsdp.dtype": "fp32",
+                        "actor_rollout_ref.ref.fsdp_config.dtype": "fp32", "actor_rollout_ref.rollout.dtype": "fp32",
+                        **diagnosis.remedy.patch})
+    patched_roles = {"actor", "reference", "rollout"} if role != "critic" else set()
+    patched_roles |= {"critic"} if role in ("critic", None) else set()
+    for name in ("actor", "reference", "rollout", "critic"):
+        assert fixed.precision(name)[0] == ("bfloat16" if name in patched_roles else "float32")
+
+
+# The next implementation of the one fallback chain that the node can run, given what the error taught.
+H100_FA2 = EnvFacts("cuda", (9, 0), flash_attn_version="2.8.3")
+A100_FA2 = EnvFacts("cuda", (8, 0), flash_attn_version="2.8.3")
+
+
+@pytest.mark.parametrize("error,env,target", [
+    (ErrorInfo("ImportError", f"{PREFACE3} the package for FlashAttention3 doesn't seem to be installed."), H100_FA2,
+     "flash_attention_2"),  # fa3 -> fa2, which this H100 runs
+    (ErrorInfo("ImportError", f"{PREFACE3} the package for FlashAttention3 doesn't seem to be installed."),
+     EnvFacts("cuda", (9, 0)), "sdpa"),  # no flash-attn either
+    (ErrorInfo("ImportError", "FlashAttention3 has been toggled on, but it cannot be used due to the following error: "
+                              "FlashAttention3 requires compute capability >= 9, but found (8, 0) with compute "
+                              "capability 8.x"), EnvFacts("cuda", (8, 0), flash_attn_version="2.8.3"), "flash_attention_2"),
+    (ErrorInfo("ValueError", f"BertModel does not support Flash Attention 3 yet.{HUB_PAGE}"), H100_FA2, "sdpa"),  # one flag
+    (ErrorInfo("ValueError", messages.ulysses_kernel("flash_attention_3")), H100_FA2, "sdpa"),  # fa2 is not wrapped
+    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), EnvFacts("cpu"), "sdpa"),  # fa2 cannot run on this CPU
+    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), A100_FA2, "flash_attention_2"),
+    (ErrorInfo("UserWarning", "Flash Attention does not support `output_attentions=True`."), A100_FA2, "eager"),
+    (ErrorInfo("RuntimeError", "This flash attention build does not support headdim not being a multiple of 32."),
+     A100_FA2, "sdpa"),
+])
+def test_remedies_walk_the_one_chain(error, env, target):
+    assert classify(error, env, role="actor").remedy.patch == {ACTOR_KEY: target}
+
+
+def test_ulysses_remedy_says_the_limit_is_attnboards():
+    sentence = classify(ErrorInfo("ValueError", messages.ulysses_kernel("flash_attention_2")), role="actor").remedy.sentence
+    assert "verl's own Ulysses runs flash_attention_2" in sentence
 
 
 def test_hydra_sentence_gives_the_corrected_argument():
@@ -584,6 +651,8 @@ def test_noise_in_the_traceback_changes_nothing(row, noise, role):
     diagnosis = classify(ErrorInfo(exc_type, message, noise), role=role)
     assert (diagnosis.category, diagnosis.implementation) == (category, impl)
     allowed = [set(), set(attn_patch(role, "x"))]
+    if category == C.flash_attn_dtype:
+        allowed.append(set(dtype_patch(role)))
     if category == C.forced_by_engine:
         allowed.append({ACTOR_SP_KEY})
     assert set(diagnosis.remedy.patch) in allowed

@@ -32,7 +32,11 @@ def role(requested: str, effective: str | None, status: str) -> RoleResolution:
         (role("sdpa", "sdpa", "ok"), "fallback", ["sdpa", "eager"]),
         (role("sdpa", "sdpa", "ok"), "strict", ["sdpa"]),
         (role("eager", "eager", "ok"), "fallback", ["eager"]),
-        (role("flex_attention", "flex_attention", "ok"), "fallback", ["flex_attention", "sdpa", "eager"]),
+        (role("flex_attention", "flex_attention", "ok"), "fallback",
+         ["flex_attention", "flash_attention_2", "sdpa", "eager"]),  # the preview's chain (test_candidates.py)
+        (role("flash_attention_3", None, "error"), "fallback",
+         ["flash_attention_3", "flash_attention_2", "sdpa", "eager"]),
+        (role("paged|sdpa", "paged|sdpa", "ok"), "fallback", ["paged|sdpa", "eager"]),
         (role("flash_attention_2", "eager", "forced"), "strict", ["eager"]),
         (role("sdpa", "eager", "forced"), "fallback", ["eager"]),
     ],
@@ -56,6 +60,10 @@ def test_fallback_events_carry_the_original_error():
         {"role": "actor", "rank": 1, "from": "flash_attention_2", "to": "sdpa", "error": "ImportError: no flash",
          "diagnosis": {"category": "not_installed"}}]
     assert planning.fallback_payloads(report(attempts=[{"implementation": "sdpa", "ok": True}])) == []
+    refused = {"implementation": "flash_attention_2", "ok": False, "error": "ImportError: no flash",
+               "diagnosis": {"category": "flash_attn_not_installed"}, "refused_by": "flash-attn-not-installed"}
+    assert planning.fallback_payloads(report(attempts=[refused, {"implementation": "sdpa", "ok": True}]))[0][
+        "refused_by"] == "flash-attn-not-installed"
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,8 @@ NO_FA2 = ModelSupport("FalconMambaForCausalLM", flash_attn=False, sdpa=True)
 NO_SDPA = ModelSupport("OldModelForCausalLM", flash_attn=True, sdpa=False)
 
 HUB = "kernels-community/flash-attn@main:flash_attn_func"
+FP32 = {"actor_rollout_ref.actor.fsdp_config.dtype": "fp32", "actor_rollout_ref.ref.fsdp_config.dtype": "fp32",
+        "actor_rollout_ref.rollout.dtype": "fp32", "critic.fsdp.dtype": "fp32"}
 
 # (case id, attn requested or None for the default, extra dotted keys, env, support,
 #  expected effective, status, source, rule that must appear, exact error text or None)
@@ -104,6 +106,12 @@ CASES = [
     ("output-attentions-eager-fine", "eager", {"attnboard.debug.output_attentions": True}, CPU, None, "eager",
      "ok", "override", Rule.override, None),
     ("strict-names-the-policy", "flash_attention_2", {}, CPU, None, None, "error", "override", Rule.strict, None),
+    ("fa2-in-fp32-strict", "flash_attention_2", FP32, A100, None, None, "error", "override", Rule.fa_dtype,
+     messages.FLASH_ATTN_DTYPE[2][1]),
+    ("fa2-in-fp32-fallback", "flash_attention_2", {**FP32, "attnboard.fallback_policy": "fallback"}, H100, None,
+     "sdpa", "fallback", "override", Rule.fa_dtype, messages.FLASH_ATTN_DTYPE[2][1]),
+    ("fa2-in-fp16", "flash_attention_2", {k: "fp16" for k in FP32}, A100, None, "flash_attention_2", "ok", "override",
+     Rule.override, None),
 ]
 
 
@@ -172,6 +180,51 @@ def test_rollout_runs_what_the_actor_loaded():
     assert roles["rollout"].effective == roles["actor"].effective
     assert roles["reference"].effective == "flex_attention"  # frozen: no backward, flex loads
     assert Rule.shared_section.value in rules_of(roles["rollout"])
+
+
+@pytest.mark.parametrize("engine,env,dtype,backend,error", [
+    ("vllm", CPU, "bf16", "CPU_ATTN", None),
+    ("vllm", A100, "bf16", "FLASH_ATTN", None),
+    ("vllm", H100, "bf16", "FLASH_ATTN", None),
+    ("vllm", A100, "fp32", "TRITON_ATTN", None),  # neither FLASH_ATTN nor FLASHINFER takes fp32
+    ("vllm", T4, "fp16", "FLASHINFER", None),  # FLASH_ATTN needs 8.0 on vLLM
+    ("vllm", T4, "bf16", None, "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your "
+                               "Tesla T4 GPU has compute capability 7.5. You can use float16 instead by explicitly "
+                               "setting the `dtype` flag in CLI, for example: --dtype=half."),
+    ("vllm", NPU, "bf16", None, None),
+    ("sglang", A100, "bf16", "flashinfer", None),  # verl 0.9.1 sets it for sglang >= 0.5.12
+    ("sglang", H100, "bf16", "flashinfer", None),
+    ("sglang", CPU, "bf16", None, None),
+    ("trtllm", H100, "bf16", "TRTLLM", None),
+    ("trtllm", CPU, "bf16", None, None),
+])
+def test_rollout_engine_backend_under_verl(engine, env, dtype, backend, error):
+    spec = role_spec("actor", "flash_attention_2", **{"actor_rollout_ref.rollout.name": engine,
+                                                      "actor_rollout_ref.rollout.dtype": dtype})
+    resolution = resolve(spec, env)
+    rollout, actor = resolution.roles["rollout"], resolution.roles["actor"]
+    # Under attnboard: the actor's HF model, so the actor's answer.
+    assert (rollout.requested, rollout.effective, rollout.status, rollout.attempts) == \
+        (actor.requested, actor.effective, actor.status, actor.attempts)
+    # Under verl: the engine's own backend; override_config does not reach it, and the preview says so.
+    choice = rollout.under_verl
+    assert (choice.engine, choice.backend, choice.error) == (engine, backend, error)
+    assert choice.effective == f"{engine}:{'error' if error else backend or '?'}"
+    assert not choice.reached_by_override_config
+    assert choice.setting == f"actor_rollout_ref.rollout.engine_kwargs.{engine}." + (
+        "attn_backend" if engine == "trtllm" else "attention_backend")
+    reason = next(r.text for r in rollout.reasons if r.rule == Rule.rollout_engine.value)
+    assert "override_config does not reach it" in reason and choice.setting in reason
+    assert f"attnboard's own engine does not run {engine}" in reason
+    assert any(r.rule == Rule.shared_section.value and "under attnboard" in r.text for r in rollout.reasons)
+    data = resolution.to_dict()["roles"]["rollout"]
+    assert data["under_verl"]["effective"] == choice.effective and data["effective"] == actor.effective
+    assert resolution.to_dict()["roles"]["actor"]["under_verl"] is None
+
+
+def test_hf_rollout_has_no_other_engine():
+    result = resolve(role_spec("actor", "sdpa", **{"actor_rollout_ref.rollout.name": "hf"}), A100).roles["rollout"]
+    assert result.under_verl is None and result.effective == "sdpa"
 
 
 def test_rollout_engine_reason():
@@ -319,3 +372,15 @@ def test_plain_ulysses_wraps_eager_and_sdpa_only(role, policy, effective, status
     assert (result.effective, result.status) == (effective, status)
     assert Rule.ulysses_kernel.value in rules_of(result)
     assert result.error == messages.ulysses_kernel("flash_attention_2")
+    why = next(r.text for r in result.reasons if r.rule == Rule.ulysses_kernel.value)
+    assert "verl itself runs Ulysses with flash_attention_2" in why and "limit of attnboard's engine" in why
+    if policy == "strict":
+        assert "though verl would run it" in next(r.text for r in result.reasons if r.rule == Rule.strict.value)
+
+
+def test_every_rule_id_is_in_the_readme_table():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Attention rules", 1)[1].split("\n## ", 1)[0]
+    assert [r.value for r in Rule if f"`{r.value}`" not in table] == []

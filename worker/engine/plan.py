@@ -11,27 +11,18 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from worker.attention import FALLBACK_CHAIN
+from worker import availability
 from worker.engine.rank import LoadPlan, RolePlan
 from worker.engine.ulysses import base_of
 from worker.resolution import Resolution, RoleResolution, Status
 from worker.spec import RunSpec
 
 def candidates(role: RoleResolution, policy: str) -> list[str]:
-    """The implementations a rank tries, in order.
-
-    Forced: only the forced one. Strict: only the requested one (its real error is the run's error).
-    Fallback: the requested one, then the rest of ``FALLBACK_CHAIN`` after it (a name outside the chain,
-    e.g. flex_attention, continues with the whole chain but flash_attention_2), so the real error of every
-    step is recorded even when the preview already knows it will fail.
-    """
-    if role.status == Status.forced.value and role.effective:
-        return [role.effective]
-    if policy != "fallback":
-        return [role.requested]
-    chain = list(FALLBACK_CHAIN)
-    rest = chain[chain.index(role.requested) + 1:] if role.requested in chain else chain[1:]
-    return [role.requested, *[c for c in rest if c != role.requested]]
+    """The implementations a rank tries, in order: ``worker.availability.candidates`` for the role's request
+    (forced: the forced one only; strict: the requested one; fallback: the chain), the same chain the preview
+    walked, so the real error of every step is recorded even when the preview already knows it will fail."""
+    forced = role.effective if role.status == Status.forced.value and role.effective else None
+    return list(availability.candidates(role.requested, policy, forced=forced))
 
 
 def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, critic_folder: str | None,
@@ -47,7 +38,8 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
                         forced=r.status == Status.forced.value, reasons=[asdict(x) for x in r.reasons],
                         strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay,
                         gradient_checkpointing=checkpointing_applies(checkpointing, sp),
-                        output_attentions=spec.attnboard.debug.output_attentions)
+                        output_attentions=spec.attnboard.debug.output_attentions,
+                        compute_dtype=spec.precision(name)[0])
 
     roles = [
         role_plan("actor", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
@@ -105,14 +97,17 @@ def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict
 
 
 def fallback_payloads(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One ``fallback`` event per failed attempt that a later implementation replaced."""
+    """One ``fallback`` event per failed attempt that a later implementation replaced (``refused_by``: the rule
+    of the availability check that refused it before any load, when it did)."""
     out = []
     attempts = report["attempts"]
     for failed, nxt in zip(attempts, attempts[1:]):
         if failed["ok"]:
             continue
         out.append({"role": report["role"], "rank": report["rank"], "from": failed["implementation"],
-                    "to": nxt["implementation"], "error": failed["error"], "diagnosis": failed["diagnosis"]})
+                    "to": nxt["implementation"], "error": failed["error"], "diagnosis": failed["diagnosis"],
+                    # refused by the rank's availability check (rule id) rather than by a real load
+                    **({"refused_by": failed["refused_by"]} if "refused_by" in failed else {})})
     return out
 
 

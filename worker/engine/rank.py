@@ -23,10 +23,12 @@ import torch
 import torch.distributed as dist
 
 from worker import models
+from worker.availability import Context, Unavailable, unavailable
 from worker.classify import EnvFacts, ErrorInfo, classify
 from worker.engine import compute, ulysses
 from worker.engine.dispatch import Dispatch, Mesh, register
 from worker.engine.observe import observe_attention
+from worker.environment import Environment
 
 ROLES_LOADED = ("actor", "reference", "critic")
 
@@ -50,6 +52,7 @@ class RolePlan:
     weight_decay: float = 0.01
     gradient_checkpointing: bool = False  # model.enable_gradient_checkpointing; trained roles with sp == 1
     output_attentions: bool = False  # attnboard.debug.output_attentions: the first forward must return the weights
+    compute_dtype: str = "float32"  # torch name of the role's forward/backward dtype (RunSpec.precision)
 
 
 @dataclass
@@ -80,6 +83,15 @@ class _Loaded:
     mesh: Mesh
     plan: RolePlan
     report: dict[str, Any] = field(default_factory=dict)
+
+
+def load_refusal(impl: str, p: RolePlan, env: dict[str, Any]) -> Unavailable | None:
+    """The preview's availability check (``worker.availability.unavailable``) for ``impl`` in role ``p`` on the
+    probed node ``env``, before a real load. The model's architecture is left to the real load: transformers'
+    own error says it best."""
+    ctx = Context(Environment.from_dict(env), support=None, trained=p.trained, sp=p.sp,
+                  output_attentions=p.output_attentions, compute_dtype=p.compute_dtype)
+    return unavailable(impl, ctx)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -246,6 +258,13 @@ class RankWorker:
         attempts: list[dict[str, Any]] = []
         facts = EnvFacts.of(plan.env)
         for impl in p.candidates:
+            refused = load_refusal(impl, p, plan.env)
+            if refused is not None:  # recorded and classified exactly as the real failure would be
+                error = ErrorInfo(refused.raises, refused.error)
+                attempts.append({"implementation": impl, "ok": False, "error": refused.head, "traceback": "",
+                                 "diagnosis": classify(error, facts, role=p.role).as_dict(),
+                                 "refused_by": refused.rule.value})
+                continue
             try:
                 config = models.build_config(p.folder, p.override_config, impl)  # always fresh
                 if p.forced:
