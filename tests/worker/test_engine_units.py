@@ -256,18 +256,6 @@ def test_gradient_checkpointing_is_skipped_out_loud_under_ulysses(actor_ckpt, ac
     assert planning.checkpointing_applies(actor_ckpt, actor_sp) == (actor_ckpt and actor_sp == 1)
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    """A gloo process group of one rank in this process (FSDP2 needs one), torn down afterwards."""
-    import torch.distributed as dist
-
-    from worker.engine.rank import free_port
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def fsdp2(module: torch.nn.Module) -> torch.nn.Module:
     """``RankWorker._shard``'s FSDP2 layout (each decoder layer, then the root) over a world of one."""
     from torch.distributed.device_mesh import init_device_mesh
