@@ -361,3 +361,16 @@ def test_a_first_forward_asking_for_attention_weights_fails_on_sdpa_with_transfo
     seen = _first_forward(_tiny_llama("eager"), 64, trained, output_attentions=True, implementation="eager")
     assert seen["observed"] == "eager"
     assert _first_forward(_tiny_llama("sdpa"), 64, trained)["observed"] == "sdpa"  # not asked: sdpa is fine
+
+
+def test_a_rank_drives_the_gpu_ray_gave_it(monkeypatch):
+    """Ray sets CUDA_VISIBLE_DEVICES to the rank's one GPU (device 0 then); told not to, it is Ray's GPU id."""
+    import ray
+
+    from worker.engine.rank import cuda_index
+
+    monkeypatch.delenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", raising=False)
+    assert cuda_index() == 0
+    monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: ["3"])
+    assert cuda_index() == 3
