@@ -374,3 +374,21 @@ def test_a_rank_drives_the_gpu_ray_gave_it(monkeypatch):
     monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: ["3"])
     assert cuda_index() == 3
+
+
+def test_a_first_forward_forced_onto_math_reaches_the_attention_event_with_its_reason():
+    """From the rank's first forward to the ``attention`` payload: the backend below sdpa and why it was math."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from worker.engine.rank import _first_forward
+
+    with sdpa_kernel(SDPBackend.MATH):
+        seen = _first_forward(_tiny_llama("sdpa"), 64, trained=True, implementation="sdpa")
+    payload = planning.attention_payload(report(effective="sdpa", **seen, compute_dtype="float32",
+                                                weights_dtype="float32"), role("sdpa", "sdpa", "ok"))
+    assert payload["observed"] == "sdpa" and payload["sdpa_backend"] == "math"
+    assert payload["sdpa_backend_reason"].startswith("flash_attention (CPU): the flash backend is switched off")
+    assert payload["sdpa"][0]["op"] == "aten::_scaled_dot_product_attention_math"
+    assert planning.mismatches(payload) == []  # the implementation is what was loaded: math is below it
+    unforced = _first_forward(_tiny_llama("sdpa"), 64, trained=True, implementation="sdpa")
+    assert (unforced["sdpa_backend"], unforced["sdpa_backend_reason"]) == ("flash_attention", None)
