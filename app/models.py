@@ -262,7 +262,10 @@ class RunWaitPublic(BaseModel):
     run: RunPublic
     timed_out: bool = Field(description="True when the run was still unfinished at the timeout.")
     attention: dict[str, dict[str, Any]] = Field(
-        description="Per role, from its attention events: requested, effective, observed, status, forced, fallback."
+        description="Per role, from its attention events: requested, effective, observed, status, forced, fallback, "
+                    "rank, sdpa_backend (the SDPA backend the first forward ran: flash_attention, efficient_attention, "
+                    "cudnn_attention or math; null when no SDPA call ran), sdpa_backend_reason (why it was math), "
+                    "compute_dtype."
     )
 
 

@@ -73,6 +73,20 @@ class AttentionRow:
     fallback: bool = False
     strategy: str | None = None
     sp: int | None = None
+    sdpa_backend: str | None = None  # the SDPA backend the first forward ran (sdpa only): flash_attention, math, ...
+    sdpa_reason: str | None = None  # why it was math
+    sdpa_op: str | None = None  # the aten op that named it
+    compute_dtype: str | None = None
+    weights_dtype: str | None = None
+
+    @property
+    def precision(self) -> str | None:
+        """``bf16 / fp32``: compute over weights as held."""
+        if not self.compute_dtype:
+            return None
+        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+        held = short.get(self.weights_dtype or "", self.weights_dtype)
+        return f"{short.get(self.compute_dtype, self.compute_dtype)}" + (f" / {held}" if held else "")
 
     @property
     def badge(self) -> str:
@@ -222,6 +236,12 @@ def attention_row(payload: dict[str, Any]) -> AttentionRow:
         fallback=payload.get("fallback") is True,
         strategy=_str(payload.get("strategy")),
         sp=_int(payload.get("sp")),
+        sdpa_backend=_str(payload.get("sdpa_backend")),
+        sdpa_reason=_str(payload.get("sdpa_backend_reason")),
+        sdpa_op=next((_str(r.get("op")) for r in payload.get("sdpa") or [] if isinstance(r, dict) and _str(r.get("op"))),
+                     None),
+        compute_dtype=_str(payload.get("compute_dtype")),
+        weights_dtype=_str(payload.get("weights_dtype")),
     )
 
 

@@ -208,3 +208,15 @@ def local_ray() -> Iterator[None]:
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def world_of_one() -> Iterator[None]:
+    """A gloo process group of one rank in this process (FSDP needs one), torn down afterwards."""
+    import torch.distributed as dist
+
+    from worker.engine.rank import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

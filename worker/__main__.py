@@ -77,11 +77,15 @@ class _Console:
         if not self.attention:
             return
         table = Table(title="attention per role and rank")
-        for col in ("role", "rank", "requested", "effective", "observed", "status", "calls"):
+        for col in ("role", "rank", "requested", "effective", "observed", "sdpa backend", "dtype", "status", "calls"):
             table.add_column(col)
         for (role, rank), p in sorted(self.attention.items()):
             calls = ", ".join(f"{name} x{count}" for name, count in sorted(p["calls"].items()))
-            table.add_row(role, str(rank), p["requested"], p["effective"], str(p["observed"]), p["status"], calls)
+            backend = p.get("sdpa_backend") or "-"
+            if p.get("sdpa_backend_reason"):
+                backend += f" ({p['sdpa_backend_reason']})"
+            table.add_row(role, str(rank), p["requested"], p["effective"], str(p["observed"]), backend,
+                          str(p.get("compute_dtype") or "-"), p["status"], calls)
         self.console.print(table)
 
     def close(self) -> None:

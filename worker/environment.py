@@ -35,6 +35,9 @@ class Environment:
     kernels_installed: bool = False
     cuda_version: str | None = None
     description: str = ""
+    driver_version: str | None = None  # the NVIDIA driver, from a probe
+    kernels_version: str | None = None  # the `kernels` package (hub kernels), from a probe
+    sdpa_backends: tuple[str, ...] = ()  # SDPA backends a probe saw run on the device; empty: not probed
 
     @property
     def transformers_major(self) -> int:
@@ -48,6 +51,7 @@ class Environment:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["compute_capability"] = list(self.compute_capability) if self.compute_capability else None
+        out["sdpa_backends"] = list(self.sdpa_backends)
         return out
 
     @classmethod
@@ -64,9 +68,18 @@ class Environment:
         for key in ("name", "torch_version", "transformers_version", "description"):
             if key in values and not isinstance(values[key], str):
                 raise ValueError(f"environment.{key}: {values[key]!r} must be a string")
-        for key in ("flash_attn_version", "flash_attn_3_version", "gpu_name", "cuda_version"):
+        for key in ("flash_attn_version", "flash_attn_3_version", "gpu_name", "cuda_version", "driver_version",
+                    "kernels_version"):
             if values.get(key) is not None and not isinstance(values[key], str):
                 raise ValueError(f"environment.{key}: {values[key]!r} must be a string or null")
+        backends = values.get("sdpa_backends")
+        if backends is None:
+            values.pop("sdpa_backends", None)
+        elif not isinstance(backends, (list, tuple)) or not all(isinstance(b, str) for b in backends):
+            raise ValueError(f"environment.sdpa_backends: {backends!r} must be a list of backend names, "
+                             f"e.g. [\"flash_attention\", \"math\"]")
+        else:
+            values["sdpa_backends"] = tuple(backends)
         device = values.get("device", "cpu")
         if device not in DEVICES:
             raise ValueError(f"environment.device: {device!r} is not valid; valid: {', '.join(DEVICES)}")

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import (
@@ -39,7 +39,8 @@ from transformers import (
     Qwen2Config,
 )
 
-from worker.spec import ModelInfo
+if TYPE_CHECKING:  # the spec (pydantic) is imported where a ModelInfo is made: rank code loads models without it
+    from worker.spec import ModelInfo
 
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_SEED = 0
@@ -349,6 +350,8 @@ def _text_config(data: dict[str, Any]) -> dict[str, Any]:
 
 def model_info(folder: Path | str) -> ModelInfo:
     """Architecture, heads, kv heads and hidden size from config.json (no model is built)."""
+    from worker.spec import ModelInfo
+
     data = read_config_json(folder)
     text = _text_config(data)
     architectures = data.get("architectures") or []

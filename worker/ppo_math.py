@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from worker.spec import AdvEstimator, KLType
+from worker.vocabulary import AdvEstimator, KLType
 
 # --------------------------------------------------------------------------------------------
 # Masked statistics

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from worker.attention import BUILTIN_NAMES, VALID_DESCRIPTION, is_valid_name
+from worker.vocabulary import AdvEstimator, KLType  # the spec's vocabulary, shared with the PPO math
 
 # --------------------------------------------------------------------------------------------
 # Errors
@@ -69,20 +70,6 @@ class Strategy(str, Enum):
     fsdp = "fsdp"
     fsdp2 = "fsdp2"
     fsdp_turbo = "fsdp_turbo"
-
-
-class AdvEstimator(str, Enum):
-    gae = "gae"
-    grpo = "grpo"
-
-
-class KLType(str, Enum):
-    """KL estimators (verl ``kl_penalty`` / ``kl_loss_type``); see http://joschu.net/blog/kl-approx.html."""
-
-    kl = "kl"
-    abs = "abs"
-    mse = "mse"
-    low_var_kl = "low_var_kl"
 
 
 class RolloutName(str, Enum):

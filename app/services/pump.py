@@ -84,15 +84,18 @@ def gone_events(last_seq: int, *, name: str, why: str, cancel_requested: bool) -
     ]
 
 
+ATTENTION_SUMMARY_KEYS = ("requested", "effective", "observed", "status", "forced", "fallback", "rank",
+                          "sdpa_backend", "sdpa_backend_reason", "compute_dtype")
+
+
 def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per role, from its ``attention`` events (first rank seen wins): requested, effective, observed,
-    status, forced, fallback."""
+    status, forced, fallback, the SDPA backend that ran (and why, where it was math), the compute dtype."""
     out: dict[str, dict[str, Any]] = {}
     for payload in payloads:
         role = payload.get("role")
         if isinstance(role, str) and role not in out:
-            out[role] = {key: payload.get(key) for key in
-                         ("requested", "effective", "observed", "status", "forced", "fallback", "rank")}
+            out[role] = {key: payload.get(key) for key in ATTENTION_SUMMARY_KEYS}
     return out
 
 

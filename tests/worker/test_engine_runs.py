@@ -113,6 +113,44 @@ def test_gae_learns_with_sdpa_actor_and_eager_critic(local_ray, cache_dir):
     assert_learns(events)
 
 
+BF16 = {"actor_rollout_ref.actor.fsdp_config.dtype": "bf16", "actor_rollout_ref.ref.fsdp_config.dtype": "bf16",
+        "actor_rollout_ref.rollout.dtype": "bf16", "critic.fsdp.dtype": "bf16"}
+"""verl's defaults (bf16 compute over fp32 master weights, ``model_dtype`` left at fp32), over the CPU preset's fp32."""
+
+PG_LOSS_ATOL = 1e-4
+VF_LOSS_RTOL = 1e-2
+"""First-step losses, bf16 vs fp32 (same seed, same prompts). bf16 keeps 8 significant bits (unit roundoff
+2^-8 = 0.39%). Measured over seeds 0, 1, 2: the critic's vf_loss (~0.012-0.017) differs by 0.03% to 0.14%,
+so 1% is ~2.5 bf16 roundoffs and 7x the worst seen. The actor's pg_loss is -mean(advantage) at the first
+step (the ratio is 1), a small difference of near-equal terms (-5e-4 to 8e-4), so a relative bound means
+nothing; it differs by 2e-6 to 2.2e-5 in absolute terms, and 1e-4 is 4.5x the worst seen."""
+
+
+def test_bf16_gae_learns_like_fp32_and_its_first_step_loss_is_within_bf16_rounding(local_ray, cache_dir):
+    state, events = run(tiny_spec(algo="gae", actor_attn="sdpa", critic_attn="eager", steps=20, **BF16), "gae-bf16",
+                        cache_dir)
+    assert state == "succeeded", of(events, "error")
+    assert_observed(events, {"actor": "sdpa", "rollout": "sdpa", "reference": "sdpa", "critic": "eager"})
+    for a in of(events, "attention"):
+        held = "bfloat16" if a["role"] == "reference" else "float32"  # the frozen reference holds bf16 weights
+        assert (a["compute_dtype"], a["weights_dtype"]) == ("bfloat16", held), a
+        # kernel-level truth: sdpa ran CPU's fused flash kernel in bf16; eager calls no SDPA at all
+        assert a["sdpa_backend"] == ("flash_attention" if a["effective"] == "sdpa" else None), a
+    metrics = of(events, "metric")
+    assert max(m["values"]["training/rollout_probs_diff_mean"] for m in metrics) < 0.005
+    assert_learns(events)
+
+    state, fp32_events = run(tiny_spec(algo="gae", actor_attn="sdpa", critic_attn="eager", steps=1), "gae-fp32-step1",
+                             cache_dir)
+    assert state == "succeeded", of(fp32_events, "error")
+    assert {a["compute_dtype"] for a in of(fp32_events, "attention")} == {"float32"}
+    bf16, fp32 = metrics[0]["values"], of(fp32_events, "metric")[0]["values"]
+    assert bf16["critic/vf_loss"] != fp32["critic/vf_loss"]  # it did compute in bf16
+    assert abs(bf16["actor/pg_loss"] - fp32["actor/pg_loss"]) <= PG_LOSS_ATOL, (bf16["actor/pg_loss"], fp32["actor/pg_loss"])
+    assert abs(bf16["critic/vf_loss"] - fp32["critic/vf_loss"]) <= VF_LOSS_RTOL * fp32["critic/vf_loss"], \
+        (bf16["critic/vf_loss"], fp32["critic/vf_loss"])
+
+
 def test_grpo_learns_on_sdpa_after_falling_back_from_flash_attention_2(local_ray, cache_dir):
     spec = tiny_spec(algo="grpo", actor_attn="flash_attention_2", policy="fallback", steps=20)
     state, events = run(spec, "grpo-learn", cache_dir)

@@ -264,18 +264,6 @@ def test_gradient_checkpointing_is_skipped_out_loud_under_ulysses(actor_ckpt, ac
     assert planning.checkpointing_applies(actor_ckpt, actor_sp) == (actor_ckpt and actor_sp == 1)
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    """A gloo process group of one rank in this process (FSDP2 needs one), torn down afterwards."""
-    import torch.distributed as dist
-
-    from worker.engine.rank import free_port
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def fsdp2(module: torch.nn.Module) -> torch.nn.Module:
     """``RankWorker._shard``'s FSDP2 layout (each decoder layer, then the root) over a world of one."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -381,3 +369,34 @@ def test_a_first_forward_asking_for_attention_weights_fails_on_sdpa_with_transfo
     seen = _first_forward(_tiny_llama("eager"), 64, trained, output_attentions=True, implementation="eager")
     assert seen["observed"] == "eager"
     assert _first_forward(_tiny_llama("sdpa"), 64, trained)["observed"] == "sdpa"  # not asked: sdpa is fine
+
+
+def test_a_rank_drives_the_gpu_ray_gave_it(monkeypatch):
+    """Ray sets CUDA_VISIBLE_DEVICES to the rank's one GPU (device 0 then); told not to, it is Ray's GPU id."""
+    import ray
+
+    from worker.engine.rank import cuda_index
+
+    monkeypatch.delenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", raising=False)
+    assert cuda_index() == 0
+    monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: ["3"])
+    assert cuda_index() == 3
+
+
+def test_a_first_forward_forced_onto_math_reaches_the_attention_event_with_its_reason():
+    """From the rank's first forward to the ``attention`` payload: the backend below sdpa and why it was math."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from worker.engine.rank import _first_forward
+
+    with sdpa_kernel(SDPBackend.MATH):
+        seen = _first_forward(_tiny_llama("sdpa"), 64, trained=True, implementation="sdpa")
+    payload = planning.attention_payload(report(effective="sdpa", **seen, compute_dtype="float32",
+                                                weights_dtype="float32"), role("sdpa", "sdpa", "ok"))
+    assert payload["observed"] == "sdpa" and payload["sdpa_backend"] == "math"
+    assert payload["sdpa_backend_reason"].startswith("flash_attention (CPU): the flash backend is switched off")
+    assert payload["sdpa"][0]["op"] == "aten::_scaled_dot_product_attention_math"
+    assert planning.mismatches(payload) == []  # the implementation is what was loaded: math is below it
+    unforced = _first_forward(_tiny_llama("sdpa"), 64, trained=True, implementation="sdpa")
+    assert (unforced["sdpa_backend"], unforced["sdpa_backend_reason"]) == ("flash_attention", None)

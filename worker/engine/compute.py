@@ -8,13 +8,18 @@ Batch layout (``N`` rows, prompt length ``P`` left-padded, response length ``R``
     old_log_probs, ref_log_prob, values, advantages, returns, rollout_log_probs   (N, R)
 
 The log-prob of response token ``j`` is read at position ``P - 1 + j`` (the logits there predict it).
+
+Precision, as verl's FSDP engine runs it: the model's forward (and so its backward) runs in the role's
+compute dtype (``compute_dtype``; FSDP's ``param_dtype`` casts the weights, ``autocast`` the forward,
+as verl's ``forward_step`` and HF rollout do), and everything after the logits is fp32: logits are
+upcast (``logits.float()``) before log-probs, entropy and values, so the PPO losses are fp32 too.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +28,40 @@ from torch.distributed.fsdp import FSDPModule
 
 from worker import ppo_math
 from worker.engine import ulysses
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The torch dtype names a role's precision is given in (``RunSpec.precision``) -> the dtypes."""
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16``; ValueError naming the valid names otherwise."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype {name!r} is not a compute or weight dtype; valid: {', '.join(DTYPES)}") from None
+
+
+def autocast(device_type: str, compute_dtype: str) -> AbstractContextManager:
+    """verl's ``forward_step``: ``torch.autocast`` to the compute dtype around a forward; nothing in fp32
+    ("autocast is a no-op at best and a footgun at worst")."""
+    dtype = dtype_of(compute_dtype)
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def grad_scaler(compute_dtype: str, device_type: str):
+    """fp16 training needs loss scaling against gradient underflow (verl: ``ShardedGradScaler`` for fp16
+    only; bf16 and fp32 need none) -> a scaler, or None."""
+    if dtype_of(compute_dtype) != torch.float16:
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device=device_type, growth_interval=400)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,8 +120,9 @@ def unsharded(model: torch.nn.Module) -> Iterator[None]:
 def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
              max_new_tokens: int, eos_token_id: int | None, pad_token_id: int, temperature: float,
              top_p: float, do_sample: bool, generator: torch.Generator | None,
-             sync_group: dist.ProcessGroup | None = None) -> dict[str, torch.Tensor]:
-    """Sample responses with the model's KV cache.
+             sync_group: dist.ProcessGroup | None = None, compute_dtype: str = "float32") -> dict[str, torch.Tensor]:
+    """Sample responses with the model's KV cache, the forwards in ``compute_dtype`` (verl's HF rollout
+    autocasts), the sampling distribution in fp32.
 
     prompt_ids, prompt_mask: (N, P) left-padded -> responses, response_mask, rollout_log_probs: (N, R),
     R = max_new_tokens; the EOS token is part of the response; after it the row is padding.
@@ -96,13 +136,14 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     mask = prompt_mask.clone()  # (N, P + t)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, P)
     inputs = prompt_ids
-    cache = None
+    cache: dict[str, object] = {}  # the KV cache under the name this transformers uses (see ``_cache_of``)
     tokens, logps, alive_steps = [], [], []
     alive = torch.ones(n, dtype=torch.bool, device=device)  # (N,)
     with unsharded(model):
         for _ in range(max_new_tokens):
-            out = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
-            cache = out.cache
+            with autocast(device.type, compute_dtype):
+                out = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids, use_cache=True, **cache)
+            cache = _cache_of(out)
             token, logp = sample_next(out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p,
                                       do_sample=do_sample, generator=generator)  # (N,), (N,)
             token = torch.where(alive, token, torch.full_like(token, pad_token_id))
@@ -127,6 +168,14 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     response_mask[:, :steps] = torch.stack(alive_steps, dim=1).long()  # (N, steps)
     rollout_log_probs[:, :steps] = torch.stack(logps, dim=1)  # (N, steps)
     return {"responses": responses, "response_mask": response_mask, "rollout_log_probs": rollout_log_probs}
+
+
+def _cache_of(out) -> dict[str, object]:
+    """The KV cache a forward returned, as the keyword the next forward takes: ``cache`` in transformers
+    >= 5.24 (``past_key_values`` is deprecated there), ``past_key_values`` before (5.17 on the device
+    machine)."""
+    name = "cache" if "cache" in out.keys() else "past_key_values"
+    return {name: out[name]}
 
 
 def assemble(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
@@ -154,13 +203,16 @@ class SeqParallel:
 NO_SP = SeqParallel(None, 1, 0)
 
 
-def _forward_outputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the model over (N, L) sequences -> (logits (N, L_loc, V or 1), labels (N, L_loc)), local to this
-    SP rank when sp > 1, where L_loc = L_pad / sp and L_pad is L rounded up to a multiple of sp."""
+def _forward_outputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel,
+                     compute_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the model over (N, L) sequences in ``compute_dtype`` -> (logits (N, L_loc, V or 1) in that dtype,
+    labels (N, L_loc)), local to this SP rank when sp > 1, where L_loc = L_pad / sp and L_pad is L rounded
+    up to a multiple of sp."""
     input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
     labels = torch.roll(input_ids, shifts=-1, dims=1)  # (N, L): the token each position predicts
     if sp.sp == 1:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        with autocast(input_ids.device.type, compute_dtype):
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         return out.logits, labels
     ids = ulysses.pad_to_multiple(input_ids, sp.sp, 0)  # (N, L_pad)
     pad_mask = ulysses.pad_to_multiple(attention_mask, sp.sp, 0)  # (N, L_pad)
@@ -168,7 +220,7 @@ def _forward_outputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp:
     labels = ulysses.pad_to_multiple(labels, sp.sp, 0)  # (N, L_pad)
     ids_loc = ulysses.shard_sequence(ids, sp.rank, sp.sp)  # (N, L_pad / sp)
     pos_loc = ulysses.shard_sequence(pos, sp.rank, sp.sp)  # (N, L_pad / sp): global positions for RoPE
-    with ulysses.ulysses_context(sp.group, pad_mask):
+    with ulysses.ulysses_context(sp.group, pad_mask), autocast(input_ids.device.type, compute_dtype):
         out = model(input_ids=ids_loc, position_ids=pos_loc, use_cache=False)
     return out.logits, ulysses.shard_sequence(labels, sp.rank, sp.sp)
 
@@ -187,11 +239,12 @@ def response_slice(x: torch.Tensor, response_length: int) -> torch.Tensor:
 
 
 def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel, *, temperature: float,
-                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> log-probs (N, R) of the response tokens and, if asked, the entropy (N, R) of each prediction."""
+                   with_entropy: bool, compute_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """-> log-probs (N, R) of the response tokens and, if asked, the entropy (N, R) of each prediction, in
+    fp32 whatever the compute dtype of the forward."""
     length, r = batch["input_ids"].shape[1], batch["responses"].shape[1]
-    logits, labels = _forward_outputs(model, batch, sp)  # (N, L_loc, V), (N, L_loc)
-    logits = logits.float() / temperature
+    logits, labels = _forward_outputs(model, batch, sp, compute_dtype)  # (N, L_loc, V), (N, L_loc)
+    logits = logits.float() / temperature  # fp32 from here on, as verl computes log-probs
     logp = ppo_math.logprobs_from_logits(logits, labels)  # (N, L_loc)
     log_probs = response_slice(_gather(logp, sp, length), r)  # (N, R)
     entropy = None
@@ -201,10 +254,11 @@ def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: S
     return log_probs, entropy
 
 
-def value_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel) -> torch.Tensor:
-    """Critic (token classification, 1 label) -> values (N, R): V of the state before each response token."""
+def value_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel, *,
+                  compute_dtype: str = "float32") -> torch.Tensor:
+    """Critic (token classification, 1 label) -> values (N, R) in fp32: V of the state before each response token."""
     length, r = batch["input_ids"].shape[1], batch["responses"].shape[1]
-    logits, _ = _forward_outputs(model, batch, sp)  # (N, L_loc, 1)
+    logits, _ = _forward_outputs(model, batch, sp, compute_dtype)  # (N, L_loc, 1)
     values = logits.float().squeeze(-1)  # (N, L_loc)
     return response_slice(_gather(values, sp, length), r)  # (N, R)
 
@@ -243,10 +297,10 @@ def iter_minibatches(batch: dict[str, torch.Tensor], size: int):
 
 
 def actor_loss(model: torch.nn.Module, micro: dict[str, torch.Tensor], sp: SeqParallel,
-               settings: ActorSettings) -> tuple[torch.Tensor, dict[str, float]]:
-    """The actor's loss on one micro-batch: clipped policy loss - entropy bonus (+ KL loss)."""
+               settings: ActorSettings, *, compute_dtype: str = "float32") -> tuple[torch.Tensor, dict[str, float]]:
+    """The actor's loss on one micro-batch (fp32): clipped policy loss - entropy bonus (+ KL loss)."""
     log_prob, entropy = policy_forward(model, micro, sp, temperature=settings.temperature,
-                                       with_entropy=True)
+                                       with_entropy=True, compute_dtype=compute_dtype)
     mask = micro["response_mask"]
     pg_loss, metrics = ppo_math.compute_policy_loss(micro["old_log_probs"], log_prob, micro["advantages"], mask,
                                                     settings.clip_ratio)
@@ -304,9 +358,13 @@ def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def _ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], *,
                 loss_fn: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]],
-                ppo_epochs: int, mini_batch: int, micro_batch: int, grad_clip: float, role: str) -> dict[str, float]:
+                ppo_epochs: int, mini_batch: int, micro_batch: int, grad_clip: float, role: str,
+                scaler=None) -> dict[str, float]:
     """ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation, reduced
-    across ranks once, on the last micro-batch). ``loss_fn(micro) -> (loss, metrics)``."""
+    across ranks once, on the last micro-batch). ``loss_fn(micro) -> (loss, metrics)``.
+
+    With a ``scaler`` (fp16 compute, ``grad_scaler``) the loss is scaled before backward and the gradients
+    unscaled before clipping; a step whose gradients overflowed is skipped and the scale lowered."""
     model.train()
     rows: list[dict[str, float]] = []
     for _ in range(ppo_epochs):
@@ -316,32 +374,41 @@ def _ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch:
             for micro, last in _accumulate(mini, micro_batch):
                 with gradient_sync(model, last):
                     loss, metrics = loss_fn(micro)
-                    (loss * (len(micro["input_ids"]) / n_mini)).backward()
+                    scaled = loss * (len(micro["input_ids"]) / n_mini)
+                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 rows.append(metrics)
+            if scaler is not None:
+                scaler.unscale_(optimizer)
             grad_norm = clip_grad(model, grad_clip)
-            if math.isfinite(grad_norm):
+            if scaler is not None:
+                scaler.step(optimizer)  # skips the step when the unscaled gradients hold inf/NaN
+                scaler.update()
+            elif math.isfinite(grad_norm):
                 optimizer.step()
             rows.append({f"{role}/grad_norm": grad_norm})
     return _mean_metrics(rows)
 
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                 sp: SeqParallel, settings: ActorSettings) -> dict[str, float]:
+                 sp: SeqParallel, settings: ActorSettings, *, compute_dtype: str = "float32",
+                 scaler=None) -> dict[str, float]:
     """The actor's PPO update: clipped policy loss (+ entropy bonus, + KL loss)."""
-    return _ppo_update(model, optimizer, batch, loss_fn=lambda micro: actor_loss(model, micro, sp, settings),
+    return _ppo_update(model, optimizer, batch,
+                       loss_fn=lambda micro: actor_loss(model, micro, sp, settings, compute_dtype=compute_dtype),
                        ppo_epochs=settings.ppo_epochs, mini_batch=settings.mini_batch,
-                       micro_batch=settings.micro_batch, grad_clip=settings.grad_clip, role="actor")
+                       micro_batch=settings.micro_batch, grad_clip=settings.grad_clip, role="actor", scaler=scaler)
 
 
 def update_critic(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                  sp: SeqParallel, settings: CriticSettings) -> dict[str, float]:
+                  sp: SeqParallel, settings: CriticSettings, *, compute_dtype: str = "float32",
+                  scaler=None) -> dict[str, float]:
     """The critic's PPO update: clipped value loss."""
 
     def value_loss(micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        vpreds = value_forward(model, micro, sp)  # (n, R)
+        vpreds = value_forward(model, micro, sp, compute_dtype=compute_dtype)  # (n, R)
         return ppo_math.compute_value_loss(vpreds, micro["values"], micro["returns"], micro["response_mask"],
                                            settings.cliprange_value)
 
     return _ppo_update(model, optimizer, batch, loss_fn=value_loss, ppo_epochs=settings.ppo_epochs,
                        mini_batch=settings.mini_batch, micro_batch=settings.micro_batch,
-                       grad_clip=settings.grad_clip, role="critic")
+                       grad_clip=settings.grad_clip, role="critic", scaler=scaler)

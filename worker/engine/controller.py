@@ -359,7 +359,8 @@ class Trainer:
         temperature = arr.rollout.temperature if arr.rollout.do_sample and arr.rollout.temperature > 0 else 1.0
         gen_settings = {"max_new_tokens": spec.data.max_response_length, "eos_token_id": eos, "pad_token_id": pad,
                         "temperature": arr.rollout.temperature, "top_p": arr.rollout.top_p,
-                        "do_sample": arr.rollout.do_sample, "seed": spec.attnboard.seed}
+                        "do_sample": arr.rollout.do_sample, "seed": spec.attnboard.seed,
+                        "dtype": spec.precision("rollout")[0]}
         gen_parts = group.call("generate", gen_settings, batch={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask})
         if emit_rollout:
             self._emit_rollout_attention(resolution)

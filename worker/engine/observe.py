@@ -5,6 +5,10 @@ config._attn_implementation, eager_attention_forward)``, where ``eager_attention
 each ``modeling_<arch>.py``. ``observe_attention()`` wraps every entry of the attention registry and every
 loaded modeling module's ``eager_attention_forward`` with a counter, and restores them on exit, so a
 forward run inside the block tells which implementation was actually called, and how often.
+
+Below the implementation, the kernel: ``sdpa`` is a dispatcher, so the block also records which SDPA
+backend each call ran (flash, memory-efficient, cuDNN, math; on CPU flash-for-CPU or math) and, where it
+was math, why (``worker.engine.sdpa``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dataclasses import dataclass, field
 
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
+from worker.engine.sdpa import SdpaRecorder
+
 WRAPPER_PREFIX = "ulysses_"
 """Registered wrappers (Ulysses) that call a base kernel; they are counted apart from kernels."""
 
@@ -30,6 +36,7 @@ class AttentionObservation:
     """Calls per implementation name seen inside one ``observe_attention()`` block."""
 
     calls: Counter = field(default_factory=Counter)
+    sdpa: SdpaRecorder = field(default_factory=SdpaRecorder)
 
     @property
     def kernel_calls(self) -> dict[str, int]:
@@ -53,7 +60,9 @@ class AttentionObservation:
         return sorted(self.kernel_calls)
 
     def as_dict(self) -> dict:
-        return {"observed": self.kernel, "calls": dict(self.kernel_calls), "wrappers": dict(self.wrapper_calls)}
+        """observed, calls, wrappers; sdpa_backend, sdpa_backend_reason, sdpa (``SdpaRecorder.as_dict``)."""
+        return {"observed": self.kernel, "calls": dict(self.kernel_calls), "wrappers": dict(self.wrapper_calls),
+                **self.sdpa.as_dict()}
 
 
 def _counting(name: str, fn: Callable, observation: AttentionObservation) -> Callable:
@@ -93,7 +102,8 @@ def observe_attention() -> Iterator[AttentionObservation]:
                 ALL_ATTENTION_FUNCTIONS._local_mapping[name] = _counting(name, fn, observation)
             for module, fn in saved_eager.items():
                 module.eager_attention_forward = _counting("eager", fn, observation)
-            yield observation
+            with observation.sdpa:
+                yield observation
         finally:
             AttentionInterface._global_mapping.clear()
             AttentionInterface._global_mapping.update(saved_global)

@@ -39,7 +39,7 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
                         strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay,
                         gradient_checkpointing=checkpointing_applies(checkpointing, sp),
                         output_attentions=spec.attnboard.debug.output_attentions,
-                        compute_dtype=spec.precision(name)[0])
+                        compute_dtype=spec.precision(name)[0], master_dtype=spec.precision(name)[1])
 
     roles = [
         role_plan("actor", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
@@ -93,6 +93,12 @@ def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict
         "strategy": report["strategy"],
         "sp": report["sp"],
         "output_attentions": report.get("output_attentions", False),  # the first forward asked for the weights
+        # kernel-level truth (``worker.engine.observe``): the SDPA backend that ran, why where it was math
+        "sdpa_backend": report.get("sdpa_backend"),
+        "sdpa_backend_reason": report.get("sdpa_backend_reason"),
+        "sdpa": report.get("sdpa", []),
+        "compute_dtype": report.get("compute_dtype"),  # forward/backward dtype (verl's fsdp_config.dtype)
+        "weights_dtype": report.get("weights_dtype"),  # the weights as held (master, or compute when frozen)
     }
 
 

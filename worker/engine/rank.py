@@ -52,7 +52,15 @@ class RolePlan:
     weight_decay: float = 0.01
     gradient_checkpointing: bool = False  # model.enable_gradient_checkpointing; trained roles with sp == 1
     output_attentions: bool = False  # attnboard.debug.output_attentions: the first forward must return the weights
-    compute_dtype: str = "float32"  # torch name of the role's forward/backward dtype (RunSpec.precision)
+    compute_dtype: str = "float32"  # forward/backward dtype: verl's fsdp_config.dtype (FSDP's param_dtype)
+    master_dtype: str = "float32"  # master weights and optimizer state: verl's fsdp_config.model_dtype
+
+    @property
+    def weights_dtype(self) -> str:
+        """The dtype the role's weights are held in. A trained role keeps master weights in ``master_dtype``
+        for its optimizer; a frozen one (the reference) holds them in its compute dtype, which FSDP would
+        cast them to on every forward anyway: the same numbers, and in bf16 half the memory."""
+        return self.master_dtype if self.trained else self.compute_dtype
 
 
 @dataclass
@@ -83,6 +91,22 @@ class _Loaded:
     mesh: Mesh
     plan: RolePlan
     report: dict[str, Any] = field(default_factory=dict)
+    scaler: Any = None  # fp16 compute: the loss scaler of the role's updates (compute.grad_scaler)
+
+
+def cuda_index() -> int:
+    """The GPU this rank drives. Ray sets ``CUDA_VISIBLE_DEVICES`` to the one GPU it gave the rank's actor,
+    so that GPU is device 0; with Ray told not to (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) every
+    GPU is visible and the rank's is the id Ray assigned. Outside Ray (the device check): device 0."""
+    if os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
+        try:
+            import ray
+
+            ids = ray.get_gpu_ids()
+        except Exception:  # noqa: BLE001 - not in a Ray worker: the first device
+            ids = []
+        return int(ids[0]) if ids else 0
+    return 0
 
 
 def load_refusal(impl: str, p: RolePlan, env: dict[str, Any]) -> Unavailable | None:
@@ -127,23 +151,40 @@ def _transformers_warnings() -> Iterator[list[str]]:
 
 
 def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool, output_attentions: bool = False,
-                   implementation: str = "") -> dict[str, Any]:
-    """A 1x8 forward (and backward for trained roles) under observation -> what ran.
+                   implementation: str = "", compute_dtype: str = "float32") -> dict[str, Any]:
+    """A 1x8 forward (and backward for trained roles) under observation, in the role's compute dtype -> what
+    ran (the implementation called, the SDPA backend and why it was math, see ``observe_attention``).
+
+    It runs before the model is wrapped, so it does what FSDP's ``param_dtype`` will do on every forward:
+    each weight cast to the compute dtype (a differentiable cast, so the backward reaches the weights as
+    held), under verl's autocast. The dtype decides the kernel: fused kernels refuse fp32 on CUDA.
 
     With ``output_attentions``, the forward asks for the attention weights and raises
     ``AttentionWeightsMissing`` when none come back: transformers 5.x does not fall back to eager for
     them, it logs "`sdpa` attention does not support `output_attentions=True`" and returns an empty tuple
     (ATTENTION_RULES.md), so the loss of the debugging output would otherwise go unnoticed."""
-    ids = _probe_ids(vocab_size).to(next(model.parameters()).device)
-    kwargs = {"output_attentions": True} if output_attentions else {}
+    device = next(model.parameters()).device
+    kwargs = {"input_ids": _probe_ids(vocab_size).to(device)}
+    if output_attentions:
+        kwargs["output_attentions"] = True
+    dtype = compute.dtype_of(compute_dtype)
+    cast = any(p.is_floating_point() and p.dtype != dtype for p in model.parameters())
+
+    def forward():
+        with compute.autocast(device.type, compute_dtype):
+            if not cast:
+                return model(**kwargs)
+            weights = {name: p.to(dtype) for name, p in model.named_parameters()}
+            return torch.func.functional_call(model, weights, args=(), kwargs=kwargs)
+
     with observe_attention() as seen, _transformers_warnings() as said:
         if trained:
-            out = model(input_ids=ids, **kwargs)
+            out = forward()
             out.logits.float().sum().backward()
             model.zero_grad(set_to_none=True)
         else:
             with torch.no_grad():
-                out = model(input_ids=ids, **kwargs)
+                out = forward()
     if output_attentions and not (out.attentions and all(a is not None for a in out.attentions)):
         warning = next((text for text in said if "output_attentions" in text), None)
         raise AttentionWeightsMissing(warning or f"`{implementation}` attention does not support "
@@ -179,6 +220,7 @@ class RankWorker:
         self.sp_groups: dict[int, compute.SeqParallel] = {}
         self.tokenizer_folder: str | None = None
         self.rollout_report: dict[str, Any] | None = None
+        self.rollout_copy: torch.nn.Module | None = None  # the rollout's model when rollout.dtype differs
         self.generations = 0
 
     # ---- plumbing
@@ -197,6 +239,8 @@ class RankWorker:
     def assign(self, rank: int, world: int, run_id: str) -> int:
         """Take part in a run as ``rank`` of ``world`` (a warm rank from the pool gets its run here) -> pid."""
         self.rank, self.world, self.run_id = rank, world, run_id
+        if self.device == "cuda" and torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()  # a warm rank's peak is this run's, not an earlier run's
         return os.getpid()
 
     def reset(self) -> int:
@@ -208,7 +252,7 @@ class RankWorker:
 
         self.roles.clear()
         self.sp_groups.clear()
-        self.tokenizer_folder, self.rollout_report, self.generations = None, None, 0
+        self.tokenizer_folder, self.rollout_report, self.rollout_copy, self.generations = None, None, None, 0
         if dist.is_initialized():
             dist.destroy_process_group()
         self.rank, self.world, self.run_id = 0, 1, ""
@@ -220,7 +264,7 @@ class RankWorker:
         """Join the run's process group (gloo on CPU, nccl on GPU) and build the SP subgroups."""
         backend = "gloo" if self.device == "cpu" else "nccl"
         if self.device == "cuda":
-            torch.cuda.set_device(0)
+            torch.cuda.set_device(cuda_index())
         dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
                                 world_size=self.world, timeout=timedelta(seconds=120))
         for sp in sorted(set(sp_sizes)):
@@ -270,12 +314,13 @@ class RankWorker:
                 if p.forced:
                     config._attn_implementation = impl  # FSDP-Turbo's Ulysses path: eager, unconditionally
                 loader = models.load_causal_lm if p.loader == "causal_lm" else models.load_value_model
-                module = loader(p.folder, config)
+                module = loader(p.folder, config, dtype=compute.dtype_of(p.weights_dtype))
                 if self.device == "cuda":
                     module = module.to("cuda")  # fused kernels only run on the device
                 if p.sp > 1:
                     module.config._attn_implementation = ulysses.register_ulysses(impl)
-                seen = _first_forward(module, module.config.vocab_size, p.trained, p.output_attentions, impl)
+                seen = _first_forward(module, module.config.vocab_size, p.trained, p.output_attentions, impl,
+                                      compute_dtype=p.compute_dtype)
             except Exception as exc:  # noqa: BLE001 - every failure is recorded and classified
                 diagnosis = classify(ErrorInfo.from_exception(exc), facts, role=p.role)
                 attempts.append({"implementation": impl, "ok": False,
@@ -291,49 +336,71 @@ class RankWorker:
             report = {
                 "role": p.role, "rank": self.rank, "requested": p.requested, "effective": impl,
                 "config_attn_implementation": module.config._attn_implementation,
-                "observed": seen["observed"], "calls": seen["calls"], "wrappers": seen["wrappers"],
+                **seen, "compute_dtype": p.compute_dtype, "weights_dtype": p.weights_dtype,
                 "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
                 "attempts": attempts, "strategy": p.strategy, "sp": p.sp,
                 "gradient_checkpointing": bool(p.trained and p.gradient_checkpointing),
                 "output_attentions": p.output_attentions,
             }
-            return _Loaded(wrapped, optimizer, group, Mesh(self.world, p.sp), p, report)
+            scaler = compute.grad_scaler(p.compute_dtype, self.device) if p.trained else None
+            return _Loaded(wrapped, optimizer, group, Mesh(self.world, p.sp), p, report, scaler)
         raise RoleLoadError(p.role, attempts)
 
     def _shard(self, module: torch.nn.Module, p: RolePlan) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
-        """Wrap with the role's FSDP flavour; trained roles get an AdamW over the sharded parameters.
+        """Wrap with the role's FSDP flavour and precision; trained roles get an AdamW over the sharded
+        (master) parameters, so the optimizer state is in the master dtype.
 
-        A world of one rank (so no sequence parallelism either) leaves the module unwrapped: there is
-        nothing to shard, and FSDP's hooks on every forward, decode step and backward would only cost
-        time. Everything downstream (gradient clipping, full gradients, saving) handles plain modules.
+        Mixed precision is FSDP's, as verl configures it: weights held in ``master_dtype``, cast to the
+        compute dtype for forward and backward, gradients reduced and kept in fp32.
+
+        A world of one rank (so no sequence parallelism either) holding its weights in the compute dtype
+        (every fp32 role, the frozen reference) is left unwrapped: there is nothing to shard or cast, and
+        FSDP's hooks on every forward, decode step and backward would only cost time. A world-1 role with
+        master weights finer than its compute dtype is wrapped all the same, so that FSDP's own
+        ``param_dtype`` cast gives it the numerics it has at any world size (as verl, which wraps at every
+        world size): bf16 weights in every op, the residual stream included, and gradients cast back to
+        fp32. ``torch.autocast`` alone would not match that: it keeps fp32 weights outside matmuls (norms,
+        the embedding, residual adds stay fp32). Everything downstream (gradient clipping, full
+        gradients, saving) handles plain and wrapped modules.
         """
         if not p.trained:
             module.requires_grad_(False)
             module.eval()
-        if self.world > 1:
-            module = self._wrap(module, p.strategy)
+        mixed = p.weights_dtype != p.compute_dtype
+        if self.world > 1 or mixed:
+            module = self._wrap(module, p.strategy, p.compute_dtype if mixed else None)
         optimizer = None
         if p.trained:
             optimizer = torch.optim.AdamW(module.parameters(), lr=p.lr, weight_decay=p.weight_decay)
         return module, optimizer
 
-    def _wrap(self, module: torch.nn.Module, strategy: str) -> torch.nn.Module:
-        """FSDP1 or FSDP2 (also under fsdp_turbo) over the whole world, one unit per decoder layer plus the root."""
+    def _wrap(self, module: torch.nn.Module, strategy: str, param_dtype: str | None = None) -> torch.nn.Module:
+        """FSDP1 or FSDP2 (also under fsdp_turbo) over the whole world, one unit per decoder layer plus the
+        root; with ``param_dtype``, verl's mixed precision: FSDP1 ``MixedPrecision(param_dtype,
+        reduce_dtype=fp32, buffer_dtype=fp32)``, FSDP2 ``MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)``."""
         layers = list(getattr(getattr(module, "model", module), "layers", []))
         if strategy == "fsdp":
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
             from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-            device_id = torch.device("cpu") if self.device == "cpu" else torch.device("cuda", 0)
+            device_id = torch.device("cpu") if self.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
             policy = ModuleWrapPolicy({type(layers[0])}) if layers else None
-            return FSDP(module, device_id=device_id, auto_wrap_policy=policy, use_orig_params=True)
+            precision = None
+            if param_dtype is not None:
+                precision = MixedPrecision(param_dtype=compute.dtype_of(param_dtype), reduce_dtype=torch.float32,
+                                           buffer_dtype=torch.float32)
+            return FSDP(module, device_id=device_id, auto_wrap_policy=policy, use_orig_params=True,
+                        mixed_precision=precision)
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(self.device, (self.world,))
+        policy = MixedPrecisionPolicy()
+        if param_dtype is not None:
+            policy = MixedPrecisionPolicy(param_dtype=compute.dtype_of(param_dtype), reduce_dtype=torch.float32)
         for layer in layers:
-            fully_shard(layer, mesh=mesh)
-        return fully_shard(module, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        return fully_shard(module, mesh=mesh, mp_policy=policy)
 
     # ---- compute (batches already split by data-parallel rank)
 
@@ -346,11 +413,39 @@ class RankWorker:
     def _to_cpu(out: dict[str, Any]) -> dict[str, Any]:
         return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
 
+    def _synchronize(self) -> None:
+        """Wait for this rank's queued GPU work, so the controller's clock measures the work, not its launch."""
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def _rollout_model(self, dtype: str) -> torch.nn.Module:
+        """The model the rollout generates with: the actor's own when ``rollout.dtype`` is the actor's
+        compute dtype (verl's defaults: both bf16); otherwise a copy held in the rollout dtype and loaded
+        with the actor's current full weights before every rollout, as verl syncs the actor's weights
+        into its rollout engine, which runs in ``rollout.dtype``. Gathering the weights is a collective:
+        every rank calls this."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        actor = self.roles["actor"]
+        if dtype == actor.plan.compute_dtype:
+            return actor.module
+        state = get_model_state_dict(actor.module, options=StateDictOptions(full_state_dict=True))
+        if self.rollout_copy is None:
+            plan = actor.plan
+            config = models.build_config(plan.folder, plan.override_config, actor.report["effective"])
+            rollout = models.load_causal_lm(plan.folder, config, dtype=compute.dtype_of(dtype))
+            self.rollout_copy = rollout.to(next(actor.module.parameters()).device).requires_grad_(False)
+        self.rollout_copy.load_state_dict(state)
+        return self.rollout_copy
+
     @register(Dispatch.DP_COMPUTE, mesh="actor")
     def generate(self, batch: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-        """Rollout with the actor's current (sharded) weights; the first call is observed per rank."""
+        """Rollout with the actor's current (sharded) weights in ``settings["dtype"]`` (``rollout.dtype``; the
+        actor's compute dtype when absent); the first call is observed per rank."""
         actor = self.roles["actor"]
-        actor.module.eval()
+        dtype = settings.get("dtype") or actor.plan.compute_dtype
+        model = self._rollout_model(dtype)
+        model.eval()
         batch = self._to_device(batch)
         generator = torch.Generator(device=batch["prompt_ids"].device)
         generator.manual_seed(int(settings["seed"]) * 1000 + self.generations * 17 + self.rank)
@@ -358,13 +453,14 @@ class RankWorker:
         kwargs = dict(max_new_tokens=settings["max_new_tokens"], eos_token_id=settings["eos_token_id"],
                       pad_token_id=settings["pad_token_id"], temperature=settings["temperature"],
                       top_p=settings["top_p"], do_sample=settings["do_sample"], generator=generator,
-                      sync_group=dist.group.WORLD)
+                      sync_group=dist.group.WORLD, compute_dtype=dtype)
         if self.rollout_report is None:
             with observe_attention() as seen:
-                out = compute.generate(actor.module, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
-            self.rollout_report = {**actor.report, "role": "rollout", **seen.as_dict()}
+                out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
+            self.rollout_report = {**actor.report, "role": "rollout", **seen.as_dict(), "compute_dtype": dtype,
+                                   "weights_dtype": dtype if model is self.rollout_copy else actor.plan.weights_dtype}
         else:
-            out = compute.generate(actor.module, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
+            out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
         return self._to_cpu(out)
 
     @register(Dispatch.ONE_TO_ALL)
@@ -378,7 +474,8 @@ class RankWorker:
         actor.module.eval()
         with torch.no_grad():
             log_probs, entropy = compute.policy_forward(actor.module, self._to_device(batch), actor.sp,
-                                                        temperature=temperature, with_entropy=True)
+                                                        temperature=temperature, with_entropy=True,
+                                                        compute_dtype=actor.plan.compute_dtype)
         return self._to_cpu({"old_log_probs": log_probs, "entropy": entropy})
 
     @register(Dispatch.DP_COMPUTE, mesh="actor")
@@ -386,7 +483,8 @@ class RankWorker:
         ref = self.roles["reference"]
         with torch.no_grad():
             log_probs, _ = compute.policy_forward(ref.module, self._to_device(batch), ref.sp,
-                                                  temperature=temperature, with_entropy=False)
+                                                  temperature=temperature, with_entropy=False,
+                                                  compute_dtype=ref.plan.compute_dtype)
         return self._to_cpu({"ref_log_prob": log_probs})
 
     @register(Dispatch.DP_COMPUTE, mesh="critic")
@@ -394,18 +492,25 @@ class RankWorker:
         critic = self.roles["critic"]
         critic.module.eval()
         with torch.no_grad():
-            values = compute.value_forward(critic.module, self._to_device(batch), critic.sp)
+            values = compute.value_forward(critic.module, self._to_device(batch), critic.sp,
+                                           compute_dtype=critic.plan.compute_dtype)
         return self._to_cpu({"values": values})
 
     @register(Dispatch.DP_COMPUTE, mesh="actor")
     def update_actor(self, batch: dict[str, Any], settings: compute.ActorSettings) -> dict[str, float]:
         actor = self.roles["actor"]
-        return compute.update_actor(actor.module, actor.optimizer, self._to_device(batch), actor.sp, settings)
+        metrics = compute.update_actor(actor.module, actor.optimizer, self._to_device(batch), actor.sp, settings,
+                                       compute_dtype=actor.plan.compute_dtype, scaler=actor.scaler)
+        self._synchronize()
+        return metrics
 
     @register(Dispatch.DP_COMPUTE, mesh="critic")
     def update_critic(self, batch: dict[str, Any], settings: compute.CriticSettings) -> dict[str, float]:
         critic = self.roles["critic"]
-        return compute.update_critic(critic.module, critic.optimizer, self._to_device(batch), critic.sp, settings)
+        metrics = compute.update_critic(critic.module, critic.optimizer, self._to_device(batch), critic.sp, settings,
+                                        compute_dtype=critic.plan.compute_dtype, scaler=critic.scaler)
+        self._synchronize()
+        return metrics
 
     @register(Dispatch.DP_COMPUTE, mesh="actor")
     def policy_loss_and_grads(self, batch: dict[str, Any], settings: compute.ActorSettings) -> dict[str, Any]:
@@ -416,7 +521,8 @@ class RankWorker:
         actor = self.roles["actor"]
         actor.module.train()
         actor.module.zero_grad(set_to_none=True)
-        loss, _ = compute.actor_loss(actor.module, self._to_device(batch), actor.sp, settings)
+        loss, _ = compute.actor_loss(actor.module, self._to_device(batch), actor.sp, settings,
+                                     compute_dtype=actor.plan.compute_dtype)
         loss.backward()
         grads = _full_gradients(actor.module)
         actor.module.zero_grad(set_to_none=True)
