@@ -14,22 +14,8 @@ from hypothesis import strategies as st
 
 from worker import checkpoint
 from worker.checkpoint import CheckpointError
+from tests.utils.checkpoints import write_checkpoint as write
 from worker.spec import DEFAULT_LOCAL_DIR, parse_spec, spec_to_tree
-
-
-def write(folder: Path, step: int, *, run_id: str = "r1", roles=("actor", "critic"), trained=("actor", "critic"),
-          marker: bool = True, metadata: bool = True, **meta) -> Path:
-    path = checkpoint.step_folder(folder, step)
-    for role in roles:
-        (path / role).mkdir(parents=True)
-        (path / role / "__0_0.distcp").write_bytes(b"x" * 100)
-        if metadata:
-            (path / role / checkpoint.DCP_METADATA).write_bytes(b"m")
-    path.mkdir(parents=True, exist_ok=True)
-    if marker:
-        (path / checkpoint.MARKER).write_text(json.dumps({"step": step, "run_id": run_id, "roles": list(trained),
-                                                          "saved_at": "2026-12-04T10:00:00+00:00", **meta}))
-    return path
 
 
 @pytest.mark.parametrize("dotted,artefact,expected", [

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import ray
-import torch
 
 from tests.worker.test_engine_runs import _finish, _processes_gone, _wait_for, of, states, tiny_spec
+from tests.utils.checkpoints import assert_same_weights, full_weights as weights
 from worker import checkpoint
 from worker.engine import launch_controller, run_spec
 from worker.engine.controller import CANCEL_BOUND_S, run_actor_names
@@ -43,25 +42,6 @@ def cache_dir(tmp_path_factory):
 
 def folder_of(spec, artefact_dir: Path) -> Path:
     return checkpoint.checkpoint_folder(spec, artefact_dir)
-
-
-def weights(step_folder: Path) -> dict[str, dict[str, torch.Tensor]]:
-    """The full model state of each trained role in a checkpoint, read without a process group."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = {}
-    for role in ("actor", "critic"):
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(step_folder / role, Path(tmp) / "full.pt")
-            out[role] = torch.load(Path(tmp) / "full.pt", weights_only=True)["model"]
-    return out
-
-
-def assert_same_weights(a: dict, b: dict) -> None:
-    for role in a:
-        assert a[role].keys() == b[role].keys()
-        for name in a[role]:
-            torch.testing.assert_close(a[role][name], b[role][name], msg=lambda m: f"{role} {name}: {m}")
 
 
 def run_and_record(spec, run_id: str, cache_dir, artefact_dir: Path, on_event=None) -> tuple[str, list[dict]]:
