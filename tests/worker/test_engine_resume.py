@@ -186,17 +186,29 @@ def test_resume_mode_disable_starts_fresh_and_a_changed_model_shape_is_refused_n
                                f"{reference['folder']} are not used" for p in of(events, "log"))
 
 
-def test_a_world_of_2_resumes_as_a_world_of_1(local_ray, cache_dir, reference, tmp_path):
-    """DCP reshards: the FSDP2 shards of 2 ranks load into one unwrapped module (model and optimizer)."""
-    spec = resume_spec(**{"trainer.resume_mode": "resume_path", "trainer.n_gpus_per_node": 1,
-                          "trainer.resume_from_path": str(reference["folder"] / "global_step_4"),
-                          "trainer.save_freq": -1})
-    state, events = run_and_record(spec, "world-1", cache_dir, tmp_path)
+def test_checkpoints_reshard_between_an_fsdp2_world_of_2_an_unwrapped_world_of_1_and_fsdp1(
+        local_ray, cache_dir, reference, tmp_path):
+    """DCP reshards model and optimizer: the reference's FSDP2 shards (2 ranks) load into one unwrapped module,
+    which saves steps 5 and 6; those load into FSDP1 (FullyShardedDataParallel) on 2 ranks, which saves step 7."""
+    one = resume_spec(**{"trainer.resume_mode": "resume_path", "trainer.n_gpus_per_node": 1, "trainer.save_freq": 1,
+                         "trainer.resume_from_path": str(reference["folder"] / "global_step_4")})
+    state, events = run_and_record(one, "world-1", cache_dir, tmp_path / "one")
     assert state == "succeeded", of(events, "error")
     assert metric_steps(events) == [5, 6]
     resumed = next(p for p in of(events, "log") if "resumed_from" in p)
-    assert resumed["resumed_from"]["step"] == 4
-    assert "resharded from a world of 2 to 1" in resumed["message"]
+    assert resumed["resumed_from"]["step"] == 4 and "resharded from a world of 2 to 1" in resumed["message"]
+
+    saved = folder_of(one, tmp_path / "one")
+    fsdp1 = resume_spec(strategy="fsdp", **{"trainer.resume_mode": "resume_path", "trainer.total_training_steps": 7,
+                                            "trainer.save_freq": 1, "trainer.resume_from_path": str(saved)})
+    state, events = run_and_record(fsdp1, "fsdp1", cache_dir, tmp_path / "two")
+    assert state == "succeeded", of(events, "error")
+    assert metric_steps(events) == [7]
+    resumed = next(p for p in of(events, "log") if "resumed_from" in p)
+    assert resumed["resumed_from"]["step"] == 6 and "resharded from a world of 1 to 2" in resumed["message"]
+    last = checkpoint.newest(folder_of(fsdp1, tmp_path / "two"))
+    assert (last.step, last.roles, last.meta["world_size"]) == (7, ("actor", "critic"), 2)
+    assert set(weights(last.path)["actor"]) == set(reference["weights"]["actor"])  # the same parameter names
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@
 an FSDP1, an FSDP2 or an unwrapped (world of 1) module and of its optimizer under the module's own
 parameter names, whatever the wrapper or the dtype of the parameters; ``dcp.save`` writes each rank's
 shards into one folder and ``dcp.load`` reads them back into the shards of the loading world, resharding
-when its size differs (a world of 2 resumes as 1 and back). The layout around these folders is
-``worker.checkpoint``'s.
+when its size differs (a world of 2 resumes as 1 and back). The optimizer state is flattened to one key
+per parameter and value (``state.<param>.exp_avg``, ``param_groups.<param>.lr``), so its keys do not
+depend on the wrapper either (unflattened, FSDP1's param groups could not load a world of 1's). The
+layout around these folders is ``worker.checkpoint``'s.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ import torch
 from worker.checkpoint import RNG_FOLDER
 
 
+def _options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def _trained(roles: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return [(name, loaded) for name, loaded in roles.items() if loaded.plan.trained]
 
@@ -31,7 +39,7 @@ def save(roles: Mapping[str, Any], folder: Path, *, rank: int, device: str) -> l
 
     names = []
     for name, loaded in _trained(roles):
-        model_state, optim_state = get_state_dict(loaded.module, loaded.optimizer)
+        model_state, optim_state = get_state_dict(loaded.module, loaded.optimizer, options=_options())
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / name))
         names.append(name)
     rng_dir = folder / RNG_FOLDER
@@ -48,11 +56,11 @@ def load(roles: Mapping[str, Any], folder: Path, *, rank: int, device: str, rest
 
     names = []
     for name, loaded in _trained(roles):
-        model_state, optim_state = get_state_dict(loaded.module, loaded.optimizer)
+        model_state, optim_state = get_state_dict(loaded.module, loaded.optimizer, options=_options())
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(folder / name))
         set_state_dict(loaded.module, loaded.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+                       optim_state_dict=state["optim"], options=_options())
         names.append(name)
     if restore_rng:
         set_rng_state(torch.load(folder / RNG_FOLDER / f"rank_{rank}.pt", weights_only=True), device)

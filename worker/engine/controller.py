@@ -202,11 +202,11 @@ class Continuation:
 class Trainer:
     """One run from start to a terminal status, every step reported through ``log``.
 
-    A rank that dies (its actor is gone, e.g. SIGKILL or a lost node) does not end the run while
-    ``attnboard.max_restarts`` allows another attempt: the ranks are let go of, the run resumes on new
-    ranks from its newest complete checkpoint (or from the start when it has none), and a ``restart``
-    event says why and from which step. A rank that raises (a bug, an OOM error) fails the run: the
-    same step would fail again."""
+    A rank that dies (its process is gone: SIGKILL, a crash, Ray's memory monitor, a lost node) does not
+    end the run while ``attnboard.max_restarts`` allows another attempt: the ranks are let go of, the run
+    resumes on new ranks from its newest complete checkpoint (or from the start when it has none), and a
+    ``restart`` event says why and from which step. A rank that raises (an exception in its step, e.g. a
+    CUDA out-of-memory error) fails the run: the same step would fail again."""
 
     def __init__(self, spec: RunSpec, *, log: EventLog, options: RunOptions, ranks: RankSource | None = None,
                  continuation: Continuation | None = None):
