@@ -126,18 +126,31 @@ def resolved_local_dir(spec: RunSpec) -> str:
     return trainer.default_local_dir
 
 
+def expand(path: str | Path) -> Path:
+    """``~`` and ``~user`` expanded where they name a home folder; kept as written otherwise."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # ~someone who does not exist here
+        return Path(path)
+
+
+def under(path: str | Path, folder: Path) -> Path:
+    """``path`` (``~`` expanded) as is when absolute, else inside ``folder``."""
+    given = expand(path)
+    return given if given.is_absolute() else folder / given
+
+
 def checkpoint_folder(spec: RunSpec, artefact_dir: Path) -> Path:
     """Where a run's checkpoints go: ``default_local_dir`` (``~`` expanded), under ``artefact_dir`` when relative."""
-    local = Path(resolved_local_dir(spec)).expanduser()
-    return local if local.is_absolute() else artefact_dir / local
+    return under(resolved_local_dir(spec), artefact_dir)
 
 
 def confine(path: Path, roots: Iterable[Path] | None, *, key: str) -> Path:
     """``path`` resolved, when it lies inside one of ``roots`` (None: anywhere); else CheckpointError naming ``key``."""
-    resolved = path.expanduser().resolve()
+    resolved = expand(path).resolve()
     if roots is None:
         return resolved
-    allowed = [Path(r).expanduser().resolve() for r in roots]
+    allowed = [expand(r).resolve() for r in roots]
     if any(resolved == root or root in resolved.parents for root in allowed):
         return resolved
     raise CheckpointError([Issue(key, str(path), f"{str(path)!r} is outside the checkpoint folder of this service; "
@@ -211,7 +224,7 @@ def scan(folder: Path) -> tuple[list[Checkpoint], list[Skipped]]:
     skipped: list[Skipped] = []
     try:
         entries = sorted(folder.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # missing, not a folder, or not readable: nothing to resume from here
         return [], []
     for entry in entries:
         if not entry.is_dir():

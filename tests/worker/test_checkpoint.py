@@ -23,6 +23,7 @@ from worker.spec import DEFAULT_LOCAL_DIR, parse_spec, spec_to_tree
     ({"trainer.project_name": "p", "trainer.experiment_name": "e"}, "/runs/7", "/runs/7/checkpoints/p/e"),
     ({"trainer.default_local_dir": "ckpt"}, "/runs/7", "/runs/7/ckpt"),
     ({"trainer.default_local_dir": "/shared/ckpt"}, "/runs/7", "/shared/ckpt"),
+    ({"trainer.default_local_dir": "~nobody-here-xyz/ckpt"}, "/runs/7", "/runs/7/~nobody-here-xyz/ckpt"),
 ])
 def test_checkpoint_folder(dotted, artefact, expected):
     assert checkpoint.checkpoint_folder(parse_spec(dotted), Path(artefact)) == Path(expected)

@@ -360,8 +360,7 @@ class Trainer:
                                                     f"checkpoint(s) in {folder} are not used"})
             return None
         if trainer.resume_mode == "resume_path":
-            given = Path(str(trainer.resume_from_path)).expanduser()
-            path = given if given.is_absolute() else self._artefact_dir() / given
+            path = checkpoint.under(str(trainer.resume_from_path), self._artefact_dir())
             path = checkpoint.confine(path, self.options.checkpoint_roots, key="trainer.resume_from_path")
             self._log_skipped(checkpoint.scan(path if not path.name.startswith(checkpoint.STEP_PREFIX)
                                               else path.parent)[1], removed=False)
