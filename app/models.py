@@ -288,7 +288,8 @@ class RunWaitPublic(BaseModel):
     run: RunPublic
     timed_out: bool = Field(description="True when the run was still unfinished at the timeout.")
     attention: dict[str, dict[str, Any]] = Field(
-        description="Per role, from its attention events: requested, effective, observed, status, forced, fallback."
+        description="Per role, from its attention events (after a restart, the new ranks'): requested, effective, "
+        "observed, status, forced, fallback, rank, node, attempt."
     )
 
 

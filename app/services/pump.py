@@ -110,14 +110,17 @@ def max_restarts_of(spec: dict[str, Any]) -> int:
 
 
 def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per role, from its ``attention`` events (first rank seen wins): requested, effective, observed,
-    status, forced, fallback."""
+    """Per role, from its ``attention`` events (the first rank seen of the latest attempt wins: after a
+    restart, what the new ranks ran): requested, effective, observed, status, forced, fallback, rank, and
+    the attempt and node."""
     out: dict[str, dict[str, Any]] = {}
     for payload in payloads:
         role = payload.get("role")
-        if isinstance(role, str) and role not in out:
+        attempt = payload.get("attempt") if isinstance(payload.get("attempt"), int) else 0
+        if isinstance(role, str) and (role not in out or attempt > out[role]["attempt"]):
             out[role] = {key: payload.get(key) for key in
-                         ("requested", "effective", "observed", "status", "forced", "fallback", "rank")}
+                         ("requested", "effective", "observed", "status", "forced", "fallback", "rank", "node")}
+            out[role]["attempt"] = attempt
     return out
 
 
