@@ -1,5 +1,6 @@
-"""The ``attnboard`` command line: serve the app, migrate, create tokens, and the pure spec tools
-(resolve, import, export) that need no server. Every command takes ``--json`` for machines.
+"""The ``attnboard`` command line: serve the app, migrate, create tokens, the pure spec tools
+(resolve, import, export) that need no server, and ``run`` (the engine alone, ``python -m worker run``).
+Every command takes ``--json`` for machines.
 
 Exit codes: 0 success, 2 invalid input (bad spec, file, profile), 1 anything else; ``submit`` adds
 3 (the run was cancelled), 4 (server or Ray unreachable) and 5 (still running at ``--timeout``).
@@ -296,6 +297,19 @@ def submit_cmd(
     else:
         _print_outcome(run, attention, base)
     raise typer.Exit(code)
+
+
+@cli.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run_cmd(ctx: typer.Context) -> None:
+    """Run a spec without the app: the engine alone on a local Ray (or RAY_ADDRESS), with a progress bar.
+
+    The arguments are those of ``python -m worker run``: SPEC [--resume DIR] [--save-actor DIR]
+    [--artefact-dir DIR] [--json] [--run-id ID] [--cache-dir DIR]. --resume resumes from a global_step_N
+    checkpoint folder or a folder of them. Exit codes: 0 succeeded, 1 failed, 2 invalid input, 3 cancelled.
+    """
+    from worker.__main__ import main as worker_main
+
+    raise typer.Exit(worker_main(["run", *ctx.args]))
 
 
 @token_cli.command("create")

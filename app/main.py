@@ -92,7 +92,8 @@ def _start_ray(app: FastAPI, settings: Settings) -> Supervisor:
     runtime = RayRuntime(address=settings.RAY_ADDRESS, data_dir=settings.DATA_DIR, num_cpus=settings.RAY_NUM_CPUS)
     launcher = RayLauncher(runtime, model_roots=[str(root) for root in settings.MODEL_ROOTS],
                            warm_ranks=settings.WARM_RANKS, warm_device=settings.WARM_DEVICE,
-                           engine_name=host_name(database_identity(settings.DATABASE_URL)))
+                           engine_name=host_name(database_identity(settings.DATABASE_URL)),
+                           checkpoint_root=settings.checkpoint_root)
     try:
         runtime.ensure()
         launcher.warm()

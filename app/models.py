@@ -188,6 +188,28 @@ class RunClone(_Request):
     name: str | None = Field(None, min_length=1, max_length=NAME_MAX)
 
 
+class RunResume(RunRetry):
+    """A resume takes what a retry takes: a name, and dotted spec keys to change on top of the old run's
+    spec (e.g. ``{'trainer.total_training_steps': 20}`` to train further)."""
+
+
+class CheckpointPublic(BaseModel):
+    """A complete checkpoint of a run (``worker.checkpoint``)."""
+
+    step: int
+    path: str
+    size_bytes: int
+    saved_at: str | None = Field(description="When it was written (ISO 8601, UTC).")
+    roles: list[str] = Field(description="The trained roles it holds (a keep limit may have pruned one).")
+    resumable: bool = Field(description="It holds every role its run trained.")
+
+
+class CheckpointsPublic(BaseModel):
+    folder: str = Field(description="The run's trainer.default_local_dir, resolved.")
+    data: list[CheckpointPublic] = Field(description="Oldest first.")
+    skipped: list[dict[str, str]] = Field(description="Folders that are not complete checkpoints (path, why).")
+
+
 class Run(RunBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
     spec_id: int | None = Field(
@@ -209,6 +231,8 @@ class Run(RunBase, table=True):
     last_seq: int = Field(default=0, nullable=False)
     effective_attention: dict[str, Any] | None = Field(default=None, sa_type=JSON, nullable=True)
     ray_job: str | None = Field(default=None, max_length=NAME_MAX, nullable=True)
+    restarts: int = Field(default=0, nullable=False, sa_column_kwargs={"server_default": "0"},
+                          description="Times the run restarted after a rank or its engine host died.")
 
 
 class Progress(BaseModel):
@@ -234,6 +258,8 @@ class RunPublic(RunBase):
     last_seq: int
     effective_attention: dict[str, Any] | None
     ray_job: str | None
+    restarts: int = Field(description="Times the run restarted after a rank or its engine host died "
+                                      "(attnboard.max_restarts bounds it).")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -262,10 +288,10 @@ class RunWaitPublic(BaseModel):
     run: RunPublic
     timed_out: bool = Field(description="True when the run was still unfinished at the timeout.")
     attention: dict[str, dict[str, Any]] = Field(
-        description="Per role, from its attention events: requested, effective, observed, status, forced, fallback, "
-                    "rank, sdpa_backend (the SDPA backend the first forward ran: flash_attention, efficient_attention, "
-                    "cudnn_attention or math; null when no SDPA call ran), sdpa_backend_reason (why it was math), "
-                    "compute_dtype."
+        description="Per role, from its attention events (after a restart, the new ranks'): requested, effective, "
+                    "observed, status, forced, fallback, rank, node, attempt, sdpa_backend (the SDPA backend the "
+                    "first forward ran: flash_attention, efficient_attention, cudnn_attention or math; null when no "
+                    "SDPA call ran), sdpa_backend_reason (why it was math), compute_dtype."
     )
 
 

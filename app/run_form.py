@@ -65,6 +65,11 @@ GROUPS: tuple[Group, ...] = (
     Group("rollout", "Rollout", "Generation uses the actor's weights.", ("actor_rollout_ref.rollout",)),
     Group("data", "Data and reward", "A built-in task (builtin:count, builtin:copy) or a verl-format parquet file.",
           ("data", "custom_reward_function")),
+    Group("checkpoints", "Checkpoints and restarts",
+          "verl's keys: a checkpoint every save_freq steps (-1: none) under default_local_dir (relative: in the run's "
+          "folder). A run whose rank or engine host dies restarts from its newest one, at most max_restarts times.",
+          ("trainer.save_freq", "trainer.resume_mode", "trainer.resume_from_path", "trainer.default_local_dir",
+           "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "attnboard.max_restarts")),
     Group("trainer", "Trainer", "Where and how long the run goes.", ("trainer", "attnboard.seed")),
     Group("policy", "Fallback policy and debug",
           "strict fails as verl does; fallback walks flash_attention_2 -> sdpa -> eager and records each step.",

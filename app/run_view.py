@@ -17,7 +17,7 @@ from typing import Any
 
 from worker.contract import TERMINAL
 
-TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch"})
+TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch", "restart"})
 ROLE_ORDER = ("actor", "rollout", "reference", "critic")
 # The role whose setting decides each role's attention: rollout and reference share the actor's section.
 SETTING_OF = {"actor": "actor", "rollout": "actor", "reference": "actor", "critic": "critic"}
@@ -78,6 +78,12 @@ class AttentionRow:
     sdpa_op: str | None = None  # the aten op that named it
     compute_dtype: str | None = None
     weights_dtype: str | None = None
+    node: str | None = None
+    pid: int | None = None
+    attempt: int = 0
+    """0 for the first ranks; n after the run's n-th restart (the role was observed again on new ranks)."""
+    before: AttentionRow | None = None
+    """The same role and rank before the latest restart, when it ran elsewhere or with another kernel."""
 
     @property
     def precision(self) -> str | None:
@@ -87,6 +93,12 @@ class AttentionRow:
         short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
         held = short.get(self.weights_dtype or "", self.weights_dtype)
         return f"{short.get(self.compute_dtype, self.compute_dtype)}" + (f" / {held}" if held else "")
+
+    @property
+    def changed(self) -> bool:
+        """After a restart this rank loaded or ran another implementation than before."""
+        return self.before is not None and (self.before.effective, self.before.observed) != (self.effective,
+                                                                                            self.observed)
 
     @property
     def badge(self) -> str:
@@ -132,6 +144,8 @@ class RunView:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     trouble: list[LogEntry] = field(default_factory=list)
     logs: list[LogEntry] = field(default_factory=list)
+    restarts: list[LogEntry] = field(default_factory=list)
+    """The ``restart`` events: the run started again on new ranks (cause, step it resumed from)."""
 
     @property
     def terminal(self) -> bool:
@@ -242,6 +256,9 @@ def attention_row(payload: dict[str, Any]) -> AttentionRow:
                      None),
         compute_dtype=_str(payload.get("compute_dtype")),
         weights_dtype=_str(payload.get("weights_dtype")),
+        node=_str(payload.get("node")),
+        pid=_int(payload.get("pid")),
+        attempt=_int(payload.get("attempt")) or 0,
     )
 
 
@@ -312,12 +329,19 @@ def apply_event(view: RunView, *, seq: int, kind: str, payload: dict[str, Any], 
                 view.started = ts
     elif kind == "attention":
         row = attention_row(payload)
+        earlier = view.attention.get((row.role, row.rank))
+        if earlier is not None and earlier.attempt < row.attempt and (
+                (earlier.node, earlier.effective, earlier.observed) != (row.node, row.effective, row.observed)):
+            earlier.before = None
+            row.before = earlier  # a restarted rank that landed elsewhere or ran another kernel: shown
         view.attention[(row.role, row.rank)] = row
     elif kind == "env_probe":
         view.probe = payload
     elif kind in TROUBLE_KINDS or kind == "log":
         entry = _log_entry(seq, ts, kind, payload)
         (view.trouble if kind in TROUBLE_KINDS else view.logs).append(entry)
+        if kind == "restart":
+            view.restarts.append(entry)
         failed = failed_role_row(payload) if kind == "error" else None
         if failed is not None and (failed.role, failed.rank) not in view.attention:
             view.attention[(failed.role, failed.rank)] = failed

@@ -1,8 +1,15 @@
-"""``python -m worker run SPEC.yaml|json [--save-actor DIR] [--json]``: run a spec without the app.
+"""``python -m worker run SPEC.yaml|json [--save-actor DIR] [--resume DIR] [--json]``: run a spec without the app.
 
 Starts a local Ray on 127.0.0.1 (or joins ``RAY_ADDRESS`` when set), shows a progress bar and the
 attention table per role, or prints every event as one JSON line with ``--json``. Exit status: 0
 succeeded, 1 failed, 2 invalid spec or arguments, 3 cancelled (Ctrl-C).
+
+Checkpoints go where verl puts them: ``trainer.default_local_dir`` (relative: under the working folder,
+``--artefact-dir`` to choose another), every ``trainer.save_freq`` steps. ``--resume DIR`` resumes from
+a ``global_step_N`` folder or the newest complete checkpoint in a folder of them (verl's
+``trainer.resume_mode=resume_path``); with ``resume_mode=auto`` (verl's default) a run resumes from the
+newest one in its own folder by itself. A rank that dies restarts the run from its newest checkpoint
+(``attnboard.max_restarts`` times).
 """
 
 from __future__ import annotations
@@ -18,12 +25,19 @@ from typing import Any
 EXIT = {"succeeded": 0, "failed": 1, "cancelled": 3}
 
 
-def _load_spec(path: str):
-    """A spec file (YAML, JSON or a verl command line) -> (RunSpec, warnings)."""
+def _load_spec(path: str, resume: str | None = None):
+    """A spec file (YAML, JSON or a verl command line) -> (RunSpec, warnings); ``resume``: a checkpoint
+    (``global_step_N``) or a folder of them, set as ``trainer.resume_mode=resume_path``."""
+    from worker.spec import parse_spec, spec_to_tree
     from worker.specfile import load_spec_file
 
     result = load_spec_file(path)
-    return result.spec, result.warnings
+    spec = result.spec
+    if resume is not None:
+        tree = spec_to_tree(spec)
+        tree["trainer"].update(resume_mode="resume_path", resume_from_path=str(Path(resume).expanduser().resolve()))
+        spec = parse_spec(tree)
+    return spec, result.warnings
 
 
 class _Console:
@@ -65,6 +79,8 @@ class _Console:
             self.console.print(f"[red]mismatch[/] {escape(p['message'])}")
         elif kind == "error":
             self.console.print(f"[red]error[/] {escape(p['message'])}")
+        elif kind == "restart":
+            self.console.print(f"[yellow]restart[/] {escape(p['message'])}")
         elif kind == "metric" and self.task is not None:
             v = p["values"]
             info = (f"score {v.get('critic/score/mean', 0):.3f}  kl {v.get('actor/kl', 0):.4f}  "
@@ -104,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     from worker.verl import VerlImportError
 
     try:
-        spec, warnings = _load_spec(args.spec)
+        spec, warnings = _load_spec(args.spec, args.resume)
     except SpecError as exc:
         for issue in exc.issues:
             print(f"{args.spec}: {issue.field}: {issue.message}", file=sys.stderr)
@@ -125,7 +141,8 @@ def _run(args: argparse.Namespace) -> int:
     trainer = Trainer(spec, log=log, options=RunOptions(
         model_roots=models.model_roots_from_env(os.environ.get("ATTNBOARD_MODEL_ROOTS")),
         cache_dir=Path(args.cache_dir) if args.cache_dir else models.default_cache_dir(),
-        save_actor_to=Path(args.save_actor) if args.save_actor else None))
+        save_actor_to=Path(args.save_actor) if args.save_actor else None,
+        artefact_dir=Path(args.artefact_dir).resolve() if args.artefact_dir else Path.cwd()))
     try:
         state = trainer.run()
     except KeyboardInterrupt:
@@ -143,12 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run a spec file (YAML or JSON)")
     run.add_argument("spec", help="the spec file: .yaml, .yml or .json")
     run.add_argument("--save-actor", metavar="DIR", help="save the final actor as a Hugging Face folder")
+    run.add_argument("--resume", metavar="DIR", help="resume from a checkpoint: a global_step_N folder, or a folder "
+                                                     "of them (its newest complete one)")
+    run.add_argument("--artefact-dir", metavar="DIR",
+                     help="where a relative trainer.default_local_dir goes (default: the working folder, as verl)")
     run.add_argument("--json", action="store_true", help="print every event as a JSON line")
     run.add_argument("--run-id", help="the run id (default: random)")
     run.add_argument("--cache-dir", help="where built-in models are materialised")
     args = parser.parse_args(argv)
     if not Path(args.spec).is_file():
         print(f"spec file {args.spec!r} does not exist", file=sys.stderr)
+        return 2
+    if args.resume is not None and not Path(args.resume).expanduser().is_dir():
+        print(f"--resume {args.resume!r}: no such folder; give a global_step_N folder or a folder of them",
+              file=sys.stderr)
         return 2
     return _run(args)
 

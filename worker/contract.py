@@ -19,6 +19,7 @@ class Kind(str, Enum):
     metric = "metric"
     log = "log"
     error = "error"
+    restart = "restart"
 
 
 class RunState(str, Enum):

@@ -268,6 +268,20 @@ class DataSection(_Section):
         return v
 
 
+class ResumeMode(str, Enum):
+    """verl's ``trainer.resume_mode``."""
+
+    auto = "auto"
+    disable = "disable"
+    resume_path = "resume_path"
+
+
+DEFAULT_LOCAL_DIR = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+"""verl's ``trainer.default_local_dir``, an OmegaConf interpolation. The spec keeps it as this text (so a
+spec at verl's defaults equals ``RunSpec()`` and exports as verl's own default); ``checkpoint_folder``
+resolves it against the spec when the engine uses it."""
+
+
 class TrainerSection(_Section):
     device: Device = Device.cuda
     n_gpus_per_node: int = Field(8, gt=0, le=1024)
@@ -276,6 +290,28 @@ class TrainerSection(_Section):
     total_training_steps: int | None = Field(None, gt=0, le=10_000_000)
     project_name: str = Field("verl_examples", max_length=200)
     experiment_name: str = Field("gsm8k", max_length=200)
+    save_freq: int = Field(
+        -1, ge=-1, le=10_000_000,
+        description="Save a checkpoint every N steps and at the last step; -1 (verl's default) or 0: never.",
+    )
+    resume_mode: ResumeMode = Field(
+        ResumeMode.auto,
+        description="auto: resume from the newest complete checkpoint in default_local_dir; disable: start fresh; "
+                    "resume_path: resume from resume_from_path.",
+    )
+    resume_from_path: str | None = Field(
+        None, min_length=1, max_length=4096,
+        description="With resume_mode=resume_path: a global_step_N folder, or a checkpoint folder (its newest "
+                    "complete checkpoint is used).",
+    )
+    default_local_dir: str = Field(
+        DEFAULT_LOCAL_DIR, min_length=1, max_length=4096,
+        description="Checkpoint folder; a relative path is placed under the run's artefact folder.",
+    )
+    max_actor_ckpt_to_keep: int | None = Field(
+        None, gt=0, le=1_000_000, description="Actor checkpoints kept (the newest); null keeps all.")
+    max_critic_ckpt_to_keep: int | None = Field(
+        None, gt=0, le=1_000_000, description="Critic checkpoints kept (the newest); null keeps all.")
 
 
 class CustomRewardFunction(_Section):
@@ -298,6 +334,11 @@ class AttnboardSection(_Section):
         description="strict: fail as verl does; fallback: flash_attention_2 -> sdpa -> eager, each step recorded.",
     )
     seed: int = Field(42, ge=0, le=2**31 - 1)
+    max_restarts: int = Field(
+        2, ge=0, le=100,
+        description="Times a run whose rank or engine host died restarts from its newest complete checkpoint "
+                    "(from the start when it has none); 0: a death fails the run.",
+    )
     debug: DebugSection = Field(default_factory=DebugSection)
 
 
@@ -645,6 +686,12 @@ def check_spec(
         issues.append(Issue("actor_rollout_ref.actor.use_kl_loss", True,
                             "KL is applied twice: algorithm.use_kl_in_reward and actor.use_kl_loss are both true",
                             severity="warning"))
+
+    trainer = spec.trainer
+    if trainer.resume_mode == ResumeMode.resume_path.value and not trainer.resume_from_path:
+        issues.append(Issue("trainer.resume_from_path", trainer.resume_from_path,
+                            "trainer.resume_mode=resume_path needs trainer.resume_from_path: a global_step_N checkpoint "
+                            "folder, or a folder holding them", valid="a folder path"))
 
     issues.sort(key=lambda i: i.severity != "error")
     return issues

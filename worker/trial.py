@@ -128,13 +128,15 @@ class TrialResult:
 
 def trial_spec(spec: RunSpec | Mapping[str, Any], implementation: str, steps: int) -> RunSpec:
     """``spec`` with ``implementation`` on every role, ``steps`` training steps and the strict policy (a trial
-    measures the implementation asked for, never a silent fallback)."""
+    measures the implementation asked for, never a silent fallback), from fresh weights with no checkpoint
+    written or resumed and no restart (a trial measures; it does not train)."""
     if steps < 1:
         raise ValueError(f"steps: {steps!r} must be at least 1")
     base = spec if isinstance(spec, RunSpec) else parse_spec(dict(spec))
     tree = base.model_dump(mode="json")
     patch = {key: implementation for key in ATTN_KEYS}
-    patch.update({"trainer.total_training_steps": steps, "attnboard.fallback_policy": "strict"})
+    patch.update({"trainer.total_training_steps": steps, "attnboard.fallback_policy": "strict",
+                  "trainer.save_freq": -1, "trainer.resume_mode": "disable", "attnboard.max_restarts": 0})
     return parse_spec(_merged(tree, unflatten(patch)))
 
 

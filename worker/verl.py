@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from worker.spec import (
     ALIASES,
+    DEFAULT_LOCAL_DIR,
     OPEN_DICT_FIELDS,
     SPEC_KEYS,
     RunSpec,
@@ -656,6 +657,11 @@ VERL_NAMES: dict[str, str] = {
 ``turbo_config.distributed.ulysses_parallel_size``. Read on import, written on export."""
 _SPEC_NAMES = {verl_key: spec_key for spec_key, verl_key in VERL_NAMES.items()}
 
+KEPT_INTERPOLATIONS: dict[str, str] = {"trainer.default_local_dir": DEFAULT_LOCAL_DIR}
+"""verl defaults that are interpolations and that the spec keeps as text, resolved when the engine uses
+them (``worker.checkpoint.checkpoint_folder``): the import leaves the exact default unresolved, the export
+writes it unescaped, so verl reads it as its own default and a spec at verl's defaults round-trips."""
+
 Kind = Literal["spec", "open", "section", "verl", "hydra", "unknown"]
 
 
@@ -788,13 +794,18 @@ def _lookup(state: _State, ref: str, key: str) -> Any:
     target = ALIASES.get(target, target)
     for table in (state.given, state.verl_only):
         if target in table:
-            return table[target].value
+            return _kept(target, table[target].value)
     for defaults in (_SPEC_DEFAULTS, VERL_DEFAULTS):
         if target in defaults:
-            return defaults[target]
+            return _kept(target, defaults[target])
     if has_default or ref.startswith("oc.select:"):
         return default
     raise KeyError(f"${{{ref}}} refers to {target}, which neither the import nor verl's defaults have")
+
+
+def _kept(key: str, value: Any) -> Any:
+    """A kept interpolation (``KEPT_INTERPOLATIONS``) read by another key's interpolation: resolved there."""
+    return decode_omegaconf(value) if isinstance(value, str) and KEPT_INTERPOLATIONS.get(key) == value else value
 
 
 def _resolve(state: _State, key: str, value: Any, depth: int = 0) -> Any:
@@ -820,6 +831,9 @@ def _omegaconf_str(value: Any) -> str:
 def _finish(state: _State, source_text: str) -> ImportResult:
     flat: dict[str, Any] = {}
     for key, given in state.given.items():
+        if isinstance(given.value, Interpolation) and given.value.text() == KEPT_INTERPOLATIONS.get(key):
+            flat[key] = KEPT_INTERPOLATIONS[key]
+            continue
         try:
             value = _resolve(state, key, given.value)
         except (KeyError, ValueError) as exc:
@@ -1080,7 +1094,7 @@ def export_command(spec: RunSpec, *, entrypoint: str = DEFAULT_ENTRYPOINT, full:
     warnings: list[str] = []
     for key, value in items:
         try:
-            text = hydra_value(value)
+            text = value if key in KEPT_INTERPOLATIONS and value == KEPT_INTERPOLATIONS[key] else hydra_value(value)
         except TypeError as exc:
             warnings.append(f"skipped {key}: {exc}")
             continue
@@ -1093,7 +1107,13 @@ def export_command(spec: RunSpec, *, entrypoint: str = DEFAULT_ENTRYPOINT, full:
     return ExportResult(text=" \\\n".join(lines) + "\n", warnings=warnings)
 
 
+class _Unescaped(str):
+    """A kept interpolation (``KEPT_INTERPOLATIONS``): written as is, for verl to resolve."""
+
+
 def _tree_for_yaml(value: Any) -> Any:
+    if isinstance(value, _Unescaped):
+        return str(value)
     if isinstance(value, dict):
         return {k: _tree_for_yaml(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -1108,7 +1128,9 @@ def export_yaml(spec: RunSpec, *, full: bool = True) -> ExportResult:
     ``python3 -m verl.trainer.main_ppo --config-path=DIR --config-name=FILE`` runs it. No ``+`` is
     needed in a config file: composition may add keys that the defaults lack."""
     items = _export_items(spec, full=full)
-    tree, keys = unflatten(dict(items)), [k for k, _ in items]
+    tree = unflatten({k: _Unescaped(v) if k in KEPT_INTERPOLATIONS and v == KEPT_INTERPOLATIONS[k] else v
+                     for k, v in items})
+    keys = [k for k, _ in items]
     document = {
         "hydra": _VERL_SEARCHPATH,
         "defaults": ["ppo_trainer", "_self_"],

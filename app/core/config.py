@@ -110,6 +110,12 @@ class Settings(BaseSettings):
         description="Folders local Hugging Face models may be loaded from, separated by ':' (or a JSON list); "
         "each must exist. Empty allows only the built-in models.",
     )
+    CHECKPOINT_DIR: str = Field(
+        "",
+        description="Folder of the runs' artefacts: run N's relative trainer.default_local_dir (its checkpoints) "
+        "goes under <CHECKPOINT_DIR>/N, and absolute checkpoint paths in a spec must lie inside it. On a cluster, "
+        "a path every Ray node and the app reach (shared storage). Empty means <DATA_DIR>/runs.",
+    )
     MAX_BODY_BYTES: int = Field(
         1_048_576,
         ge=1024,
@@ -155,6 +161,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"model root {str(root)!r} is not an existing folder")
             roots.append(resolved)
         return roots
+
+    @field_validator("CHECKPOINT_DIR")
+    @classmethod
+    def _check_checkpoint_dir(cls, value: str) -> str:
+        value = value.strip()
+        if value and Path(value).expanduser().exists() and not Path(value).expanduser().is_dir():
+            raise ValueError(f"checkpoint folder {value!r} exists and is not a folder")
+        return value
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """Where run N's artefacts go (``<root>/N``): CHECKPOINT_DIR, or <DATA_DIR>/runs; absolute, since the
+        engine runs in other processes with other working folders."""
+        chosen = Path(self.CHECKPOINT_DIR).expanduser() if self.CHECKPOINT_DIR else self.DATA_DIR / "runs"
+        return chosen.resolve()
 
     @field_validator("SECRET_KEY")
     @classmethod

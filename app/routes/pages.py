@@ -22,6 +22,7 @@ from app.errors import AppError, render_error
 from app.models import Run, RunCreate, RunStatus
 from app.run_view import CHARTS, MAX_MEMORY_MB, REWARD_KEYS, STEP_TIME_S, TOKENS_PER_S, RunView, aligned_series, \
     apply_event, eager_settings, fold, format_eta, max_of, mean_of, role_badges, series, spec_differences
+from app.services import checkpoints as checkpoints_service
 from app.services import events as events_service
 from app.services import runs as runs_service
 from app.services import tokens as tokens_service
@@ -345,7 +346,17 @@ def _load_view(session: Session, run: Run) -> RunView:
 def _run_context(request: Request, session: Session, run: Run) -> dict[str, Any]:
     view = _load_view(session, run)
     return {**page_context(request), "run": run, "view": view, "charts": CHARTS, "eta": format_eta(view.eta_seconds),
-            "eager_roles": eager_roles(run, view)}
+            "eager_roles": eager_roles(run, view), **checkpoint_context(request, run, view)}
+
+
+def checkpoint_context(request: Request, run: Run, view: RunView) -> dict[str, Any]:
+    """The run's checkpoints (read from its folder) and, for a failed or cancelled run, the one a "Resume
+    from checkpoint" button resumes from."""
+    root = request.app.state.settings.checkpoint_root
+    listed = checkpoints_service.run_checkpoints(run, root)
+    resumable = [c for c in listed.data if c.resumable]
+    offer = view.status in checkpoints_service.RESUMABLE_STATUSES and resumable
+    return {"checkpoints": listed, "resume_from": resumable[-1] if offer else None}
 
 
 def eager_roles(run: Run, view: RunView) -> list[str]:
@@ -362,8 +373,9 @@ def run_page(request: Request, run_id: int, _: PageUser, session: SessionDep) ->
 
 
 STREAM_BLOCKS = {"status": "status", "attention": "attention", "env_probe": "probe", "fallback": "trouble_row",
-                 "error": "trouble_row", "attention_mismatch": "trouble_row", "log": "log_row"}
-SSE_NAMES = {"fallback": "trouble", "error": "trouble", "attention_mismatch": "trouble"}
+                 "error": "trouble_row", "attention_mismatch": "trouble_row", "log": "log_row",
+                 "restart": "trouble_row"}
+SSE_NAMES = {"fallback": "trouble", "error": "trouble", "attention_mismatch": "trouble", "restart": "trouble"}
 POLL_MIN_S, POLL_MAX_S = 0.25, 2.0
 
 
@@ -422,7 +434,11 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
             for ev in batch:
                 apply_event(view, seq=ev.seq, kind=ev.kind, payload=ev.payload, ts=ev.ts)
                 ctx = {**base, "view": view, "eta": format_eta(view.eta_seconds), "entry": None,
-                       "eager_roles": eager_roles(run, view)}
+                       "eager_roles": eager_roles(run, view), "resume_from": None}
+                saved = ev.kind == "log" and isinstance(ev.payload, dict) and "checkpoint" in ev.payload
+                if saved or ev.kind == "restart" or (ev.kind == "status" and view.terminal):
+                    ctx.update(await run_in_threadpool(checkpoint_context, request, run, view))
+                    yield _sse("checkpoints", _block(request, "checkpoints", ctx))
                 if ev.kind == "metric":
                     yield _sse("status", _block(request, "status", ctx))
                     yield _sse("metric", json.dumps(view.metrics[-1]) if view.metrics else "{}", ev.seq)
@@ -436,6 +452,8 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
                 yield _sse(SSE_NAMES.get(ev.kind, ev.kind), _block(request, name, ctx), ev.seq)
                 if ev.kind == "error":  # a role that could not load gets its row in the attention table
                     yield _sse("attention", _block(request, "attention", ctx))
+                if ev.kind == "restart":  # the status widget says how often the run restarted
+                    yield _sse("status", _block(request, "status", ctx))
                 if ev.kind in ("fallback", "error", "attention", "status"):  # retry offers; cancel ends with the run
                     yield _sse("actions", _block(request, "actions", ctx))
             if batch:
@@ -474,6 +492,16 @@ async def retry(request: Request, run_id: int, principal: PageUser, session: Ses
     patch = {f"{sections[role]}.model.override_config.attn_implementation": "eager"} if role else {}
     new = await run_in_threadpool(runs_service.retry_run, session, run_id=run_id, patch=patch,
                                   launcher=get_launcher(request))
+    return redirect(f"/runs/{new.id}")
+
+
+@router.post("/runs/{run_id}/resume", dependencies=CSRF)
+async def resume(request: Request, run_id: int, principal: PageUser, session: SessionDep) -> Response:
+    """Resume a failed or cancelled run from its newest checkpoint: a new run (``retry_of`` this one)."""
+    require_page_write(principal)
+    run = runs_service.get_run(session, run_id=run_id)
+    new = await run_in_threadpool(checkpoints_service.resume_run, session, run=run,
+                                  root=request.app.state.settings.checkpoint_root, launcher=get_launcher(request))
     return redirect(f"/runs/{new.id}")
 
 

@@ -1,4 +1,4 @@
-"""Runs: submit, list, read, events, cancel, retry, clone, export.
+"""Runs: submit, list, read, events, cancel, retry, clone, resume from a checkpoint, checkpoints, export.
 
 The three reads a dashboard or CI polls (the list, one run, events since a seq) are ``async``
 handlers: ``app.services.reads`` builds their JSON body from one Core statement, on the event loop
@@ -14,6 +14,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, st
 from app.deps import (
     LauncherDep,
     SessionDep,
+    SettingsDep,
     reader_of,
     require_read,
     require_write,
@@ -22,18 +23,20 @@ from app.deps import (
 from app.models import (
     INT32_MAX,
     AppendResult,
+    CheckpointsPublic,
     EventCreate,
     EventsPublic,
     RunClone,
     RunCreate,
     RunPublic,
+    RunResume,
     RunRetry,
     RunsPublic,
     RunStatus,
     RunWaitPublic,
 )
 from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset
-from app.services import events, interop, pump, reads, runs
+from app.services import checkpoints, events, interop, pump, reads, runs
 from app.services.events import MAX_EVENTS_PAGE
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], lifespan=serving_lifespan)
@@ -130,6 +133,24 @@ def retry_run(session: SessionDep, launcher: LauncherDep, run_id: RunId, body: R
 def clone_run(session: SessionDep, launcher: LauncherDep, run_id: RunId, body: RunClone | None = None) -> RunPublic:
     body = body or RunClone()
     return RunPublic.model_validate(runs.clone_run(session, run_id=run_id, name=body.name, launcher=launcher))
+
+
+@router.post("/{run_id}/resume", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+def resume_run(session: SessionDep, settings: SettingsDep, launcher: LauncherDep, run_id: RunId,
+               body: RunResume | None = None) -> RunPublic:
+    """A new run that resumes a failed or cancelled run from its newest complete checkpoint (``retry_of`` set),
+    with ``patch`` on its spec (e.g. more ``trainer.total_training_steps``); 409 when it has none."""
+    body = body or RunResume()
+    run = runs.get_run(session, run_id=run_id)
+    return RunPublic.model_validate(checkpoints.resume_run(session, run=run, root=settings.checkpoint_root,
+                                                           patch=body.patch, name=body.name, launcher=launcher))
+
+
+@router.get("/{run_id}/checkpoints", response_model=CheckpointsPublic, dependencies=Read)
+def list_checkpoints(session: SessionDep, settings: SettingsDep, run_id: RunId) -> CheckpointsPublic:
+    """The run's complete checkpoints, oldest first (step, size, time, path, roles), and the folders skipped
+    as incomplete (an interrupted write) with why."""
+    return checkpoints.run_checkpoints(runs.get_run(session, run_id=run_id), settings.checkpoint_root)
 
 
 @router.get("/{run_id}/export", dependencies=Read)

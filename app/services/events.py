@@ -3,7 +3,8 @@ contiguous per run from 1.
 
 ``append_events`` is idempotent on ``(run_id, seq)``: events at or below the run's ``last_seq`` are
 duplicates and ignored; a batch that would leave a hole is refused whole. Events that describe the
-run (``status``, ``metric`` steps, ``attention``) update the run row in the same transaction.
+run (``status``, ``metric`` steps, ``attention``, ``restart`` counts) update the run row in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def _apply(run: Run, ev: EventCreate) -> None:
         step = payload.get("step")
         if isinstance(step, int) and not isinstance(step, bool) and run.step < step <= INT32_MAX:
             run.step = step
+    elif ev.kind == EventKind.restart:
+        attempt = payload.get("attempt")
+        if isinstance(attempt, int) and not isinstance(attempt, bool) and run.restarts < attempt <= INT32_MAX:
+            run.restarts = attempt
     elif ev.kind == EventKind.attention:
         role, effective = payload.get("role"), payload.get("effective")
         if isinstance(role, str) and effective is not None:

@@ -6,10 +6,25 @@ The supervisor (one thread per app process, started in the app's lifespan) repea
    engine host, store them with ``append_events`` (idempotent on ``(run_id, seq)``, refuses gaps), then
    ``ack`` the last stored seq; a finished run whose events are all acknowledged is dropped by the host. The database is the only record of progress: a restarted app continues
    from each run's ``last_seq``, so nothing is lost or stored twice.
-2. **reconcile**: a run whose controller is gone (after a restart, or because the host died) is
-   marked ``failed`` with the cause and an ``error`` event (``cancelled`` if a cancel was pending), so
-   no run stays unfinished after its workers are gone.
+2. **reconcile**: a run whose controller is gone (the engine host died, or was replaced while the app
+   was down) is started again (``restart``, below) while its ``attnboard.max_restarts`` allows; otherwise
+   it is marked ``failed`` with the cause and an ``error`` event (``cancelled`` if a cancel was pending),
+   so no run stays unfinished after its workers are gone.
 3. **schedule**: ``ray_launcher.schedule`` starts queued runs that fit.
+
+Restarts after a host death. The engine host owns the controllers and the ranks of its runs, so they all
+die with it; only the app outlives it, and only the database knows where each run stands. So the app
+restarts them: ``RayLauncher.relaunch`` submits the run to this app's engine host (a new one: the name
+is free once the old one is dead) with a continuation: the cause, the attempt number, the next seq
+(``last_seq + 1``), the status and the last stored metric step. The new controller finds the newest
+complete checkpoint the run saved (its folder is the same: ``<CHECKPOINT_DIR>/<run id>/...``, shared on
+a cluster), emits the ``restart`` event with the step it resumes from, keeps the status where it was
+(``running`` stays ``running``), and sends no metric for the steps it replays up to the last stored
+one, so the seqs stay contiguous and each step has one metric. Events the dead host made but the app
+had not stored yet are lost; the replay makes them again. ``Run.restarts`` counts the attempts, raised
+here before the submit (a host that dies again before its first event still counts) and by each
+``restart`` event (the engine's own restarts after a rank died). A failed submit (Ray still busy
+replacing the host) is tried again on the next passes for ``RELAUNCH_PATIENCE_S``, then the run fails.
 
 ``RunChanges`` lets ``GET /api/runs/{id}/wait`` sleep until a pass changed something instead of
 polling the database in a loop.
@@ -26,7 +41,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 from sqlmodel import Session, col, select
 
 from app.errors import AppError
@@ -42,6 +57,7 @@ BATCH = 1000
 TICK_S = 0.25
 MAX_WAIT_S = 300.0
 RECHECK_S = 2.0
+RELAUNCH_PATIENCE_S = 60.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,18 +100,30 @@ def gone_events(last_seq: int, *, name: str, why: str, cancel_requested: bool) -
     ]
 
 
-ATTENTION_SUMMARY_KEYS = ("requested", "effective", "observed", "status", "forced", "fallback", "rank",
+def max_restarts_of(spec: dict[str, Any]) -> int:
+    """``attnboard.max_restarts`` of a stored spec tree (its default when a spec stored before the key lacks it)."""
+    from worker.spec import AttnboardSection
+
+    value = (spec.get("attnboard") or {}).get("max_restarts") if isinstance(spec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else \
+        AttnboardSection.model_fields["max_restarts"].default
+
+
+ATTENTION_SUMMARY_KEYS = ("requested", "effective", "observed", "status", "forced", "fallback", "rank", "node",
                           "sdpa_backend", "sdpa_backend_reason", "compute_dtype")
 
 
 def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per role, from its ``attention`` events (first rank seen wins): requested, effective, observed,
-    status, forced, fallback, the SDPA backend that ran (and why, where it was math), the compute dtype."""
+    """Per role, from its ``attention`` events (the first rank seen of the latest attempt wins: after a
+    restart, what the new ranks ran): requested, effective, observed, status, forced, fallback, rank, the
+    attempt and node, the SDPA backend that ran (and why, where it was math) and the compute dtype."""
     out: dict[str, dict[str, Any]] = {}
     for payload in payloads:
         role = payload.get("role")
-        if isinstance(role, str) and role not in out:
+        attempt = payload.get("attempt") if isinstance(payload.get("attempt"), int) else 0
+        if isinstance(role, str) and (role not in out or attempt > out[role]["attempt"]):
             out[role] = {key: payload.get(key) for key in ATTENTION_SUMMARY_KEYS}
+            out[role]["attempt"] = attempt
     return out
 
 
@@ -178,6 +206,7 @@ class Supervisor:
         self._after_restart = True
         self._handles: dict[int, Any] = {}
         self._pending: dict[int, tuple[Any, int]] = {}
+        self._relaunch_failing_since: dict[int, float] = {}
 
     # ---- thread
 
@@ -273,7 +302,7 @@ class Supervisor:
             return pending[0]
         handle = self._handles.get(run.id) or self.launcher.controller(run.id)
         if handle is None:
-            self._gone(session, run, "not found after restart" if self._after_restart else "not found")
+            self._lost(session, run, "not found after restart" if self._after_restart else "not found")
             return None
         self._handles[run.id] = handle
         ref = handle.events_since(run.last_seq, BATCH)
@@ -297,10 +326,10 @@ class Supervisor:
             self._handles.pop(run.id, None)
             text = str(exc).strip()
             cause = text.splitlines()[0] if text else type(exc).__name__
-            return self._gone(session, run, f"died with the engine host ({cause})"), False
+            return self._lost(session, run, f"died with the engine host ({cause})"), False
         except RunUnknown:  # the host was replaced, or dropped the run
             self._handles.pop(run.id, None)
-            return self._gone(session, run, "not found in the engine host"), False
+            return self._lost(session, run, "not found in the engine host"), False
         if not events:
             return 0, False
         try:
@@ -317,6 +346,36 @@ class Supervisor:
         if run.status in TERMINAL:
             self._handles.pop(run.id, None)
         return result.inserted, len(events) >= BATCH
+
+    def _lost(self, session: Session, run: Run, why: str) -> int:
+        """A run whose controller is gone: restarted in a (new) engine host while ``attnboard.max_restarts``
+        allows and no cancel is pending, else finished (``_gone``). Returns the events stored (a restart
+        counts as one change)."""
+        assert run.id is not None
+        limit = max_restarts_of(run.spec)
+        if run.cancel_requested or run.restarts >= limit:
+            after = f" (after {run.restarts} restart{'s' if run.restarts != 1 else ''})" if run.restarts else ""
+            return self._gone(session, run, why + after)
+        attempt = run.restarts + 1
+        cause = f"the engine host is gone: controller {controller_name(run.id)} {why}"
+        try:
+            self.launcher.relaunch(run, cause=cause, attempt=attempt)
+        except Exception as exc:  # noqa: BLE001 - Ray may still be replacing the host: try again next pass
+            since = self._relaunch_failing_since.setdefault(run.id, time.monotonic())
+            log.warning("run %s: could not restart it yet: %s", run.id, exc)
+            if time.monotonic() - since < RELAUNCH_PATIENCE_S:
+                return 0
+            self._relaunch_failing_since.pop(run.id, None)
+            return self._gone(session, run, f"{why}; it could not be restarted: {type(exc).__name__}: {exc}")
+        self._relaunch_failing_since.pop(run.id, None)
+        self._handles.pop(run.id, None)
+        self._pending.pop(run.id, None)
+        session.exec(update(Run).where(col(Run.id) == run.id, col(Run.restarts) < attempt)  # type: ignore[call-overload]
+                     .values(restarts=attempt, status_reason=f"restart {attempt} of {limit}: {cause}"))
+        session.commit()
+        session.refresh(run)
+        log.warning("run %s: restarted in the engine host (%d of %d): %s", run.id, attempt, limit, cause)
+        return 1
 
     def _gone(self, session: Session, run: Run, why: str) -> int:
         assert run.id is not None

@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
@@ -135,9 +136,10 @@ class RayLauncher:
     """The ``Launcher`` of ``app.services.launcher`` on Ray; ``wake`` is set to nudge the scheduler."""
 
     def __init__(self, runtime: RayRuntime, *, model_roots: list[str] | None = None, warm_ranks: int = 0,
-                 warm_device: str = "cpu", engine_name: str = "attnboard-engine"):
+                 warm_device: str = "cpu", engine_name: str = "attnboard-engine", checkpoint_root: Path | None = None):
         self.runtime = runtime
         self.model_roots = model_roots or []
+        self.checkpoint_root = checkpoint_root  # run N's artefacts go to <root>/N (settings.checkpoint_root)
         self.warm_ranks, self.warm_device = warm_ranks, warm_device
         self.engine_name = engine_name  # this app's engine host (``worker.contract.host_name`` of its database)
         self.wake = threading.Event()
@@ -260,12 +262,30 @@ class RayLauncher:
                 available[key] = available.get(key, 0.0) + amount
         return total, available
 
+    def run_folders(self, run_id: int) -> dict[str, Any]:
+        """Where the engine puts a run's artefacts (its checkpoints) and the only folder they may be in."""
+        if self.checkpoint_root is None:
+            return {}
+        return {"artefact_dir": str(self.checkpoint_root / str(run_id)), "checkpoint_roots": [str(self.checkpoint_root)]}
+
     def launch(self, run: Run) -> bool:
         """Start the run in the engine host; False when the host has it already (started before a crash)."""
         import ray
 
-        return bool(ray.get(self.host().submit.remote(run.spec, str(run.id), self.model_roots),
-                            timeout=LAUNCH_TIMEOUT_S))
+        return bool(ray.get(self.host().submit.remote(run.spec, str(run.id), self.model_roots,
+                                                      **self.run_folders(run.id)), timeout=LAUNCH_TIMEOUT_S))
+
+    def relaunch(self, run: Run, *, cause: str, attempt: int) -> None:
+        """Start a run whose engine host died again, in this app's engine host (a new one when the old is
+        gone): it resumes from its newest complete checkpoint and its events continue after ``last_seq``
+        (see ``worker.engine.controller.Continuation``). Raises when Ray or the host refuses."""
+        import ray
+
+        continuation = {"cause": cause, "attempt": attempt, "first_seq": run.last_seq + 1, "state": run.status,
+                        "last_metric_step": run.step}
+        if not ray.get(self.host().submit.remote(run.spec, str(run.id), self.model_roots, continuation=continuation,
+                                                 **self.run_folders(run.id)), timeout=LAUNCH_TIMEOUT_S):
+            raise RuntimeError(f"run {run.id}: the engine host has it already")
 
 
 # --------------------------------------------------------------------------------------------

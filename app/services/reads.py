@@ -54,7 +54,7 @@ _RUN_COLUMNS = (
     _RUN.c.name, _RUN.c.id, _RUN.c.spec_id, cast(_RUN.c.spec, Text), _RUN.c.status, _RUN.c.status_reason,
     _RUN.c.cancel_requested, cast(_RUN.c.environment, Text), _RUN.c.retry_of, _RUN.c.created_at, _RUN.c.started_at,
     _RUN.c.finished_at, _RUN.c.step, _RUN.c.total_steps, _RUN.c.last_seq, cast(_RUN.c.effective_attention, Text),
-    _RUN.c.ray_job,
+    _RUN.c.ray_job, _RUN.c.restarts,
 )
 _RUN_ID, _AFTER, _LIMIT, _OFFSET = (bindparam(name, type_=_RUN.c.id.type) for name in ("run_id", "after", "limit",
                                                                                         "offset"))
@@ -95,7 +95,7 @@ def _utc(value: datetime | None) -> datetime | None:
 def _run(row: Sequence[Any]) -> dict[str, Any]:
     """A row of ``_RUN_COLUMNS`` as ``RunPublic`` serialises it, ``progress`` and ``terminal`` included."""
     (name, run_id, spec_id, spec, status, status_reason, cancel_requested, environment, retry_of, created_at,
-     started_at, finished_at, step, total_steps, last_seq, effective_attention, ray_job) = row
+     started_at, finished_at, step, total_steps, last_seq, effective_attention, ray_job, restarts) = row
     return {
         "name": name,
         "id": run_id,
@@ -114,6 +114,7 @@ def _run(row: Sequence[Any]) -> dict[str, Any]:
         "last_seq": last_seq,
         "effective_attention": _json(effective_attention),
         "ray_job": ray_job,
+        "restarts": restarts,
         "progress": {"step": step, "total_steps": total_steps,
                      "fraction": min(1.0, step / total_steps) if total_steps else None},
         "terminal": status in _TERMINAL,

@@ -84,6 +84,14 @@ def test_missing_file_is_exit_2(tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
+def test_run_is_the_engine_alone_and_checks_its_resume_folder(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("trainer:\n  device: cpu\n")
+    proc = run("run", str(spec), "--resume", str(tmp_path / "no-such-checkpoint"))
+    assert proc.returncode == 2 and "--resume" in proc.stderr and "no such folder" in proc.stderr
+    assert run("run", str(tmp_path / "nope.yaml")).returncode == 2
+
+
 def test_bad_spec_names_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("critic:\n  model:\n    override_config:\n      attn_implementation: flsh\n")

@@ -78,6 +78,16 @@ def test_the_app_serves_with_documented_settings(config):
                 assert f"`{key}`" in readme, f"{key} is not in README.md's settings table"
 
 
+def test_every_ray_node_and_the_app_share_the_checkpoint_folder(config):
+    """Ranks write checkpoints on whatever node they run; a restart on another node and the app's listing read them."""
+    folder = config["services"]["app"]["environment"]["ATTNBOARD_CHECKPOINT_DIR"]
+    for name, service in config["services"].items():
+        if name.startswith("ray") or name == "app":
+            mounts = {(v["source"], v["target"]) if isinstance(v, dict) else tuple(v.split(":")[:2])
+                      for v in service["volumes"]}
+            assert ("checkpoints", folder) in mounts, name
+
+
 def test_the_gpu_worker_reserves_gpus(config):
     gpu = config["services"]["ray-worker-gpu"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]

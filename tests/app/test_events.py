@@ -89,6 +89,15 @@ def test_an_invalid_transition_rolls_back_the_batch(session):
     assert (run.status, run.last_seq, _seqs(session, run_id)) == ("queued", 0, [])
 
 
+def test_restart_events_count_the_runs_restarts_once_each(session):
+    run_id = _new_run(session)
+    restart = {"message": "restart", "cause": "rank 1 died", "rank": 1, "resumed_from_step": 2}
+    append_events(session, run_id=run_id, events=[_ev(1, "restart", **restart, attempt=1)])
+    append_events(session, run_id=run_id, events=[_ev(1, "restart", **restart, attempt=1),
+                                                   _ev(2, "restart", **restart, attempt=2), _ev(3, "restart", attempt="x")])
+    assert session.get(Run, run_id, populate_existing=True).restarts == 2
+
+
 def test_events_since_pages(session):
     run_id = _new_run(session)
     append_events(session, run_id=run_id, events=[_ev(s) for s in range(1, 8)])

@@ -186,3 +186,31 @@ def test_spec_differences_and_aligned_series():
     assert spec_differences([{"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}]) == [("b", [2, 3]), ("c", [None, 4])]
     assert aligned_series([("r1", [(1, 0.1), (3, 0.3)]), ("r2", [(2, 0.2)])]) == {
         "x": [1, 2, 3], "series": [{"label": "r1", "values": [0.1, None, 0.3]}, {"label": "r2", "values": [None, 0.2, None]}]}
+
+
+def test_a_restart_is_logged_and_the_new_ranks_rows_say_where_they_ran_and_what_changed():
+    """After a restart the attention is observed again: a rank that landed on another node is shown with
+    where it ran before; one that also ran another kernel there is marked changed."""
+    first = events("succeeded")[:-3]  # up to the metrics: the first ranks reported their attention
+    seq = first[-1].seq
+    before = {(p["role"], p["rank"]): p for kind, p in ((e.kind, e.payload) for e in first) if kind == "attention"}
+    restart = {"message": "restart 1 of 2: rank 1 died: killed; resuming from step 2 (/c/global_step_2)",
+               "cause": "rank 1 died: killed", "rank": 1, "attempt": 1, "max_restarts": 2, "resumed_from_step": 2,
+               "checkpoint": "/c/global_step_2", "source": "engine"}
+    again = [Ev(seq + 1, "restart", restart, T0)]
+    for i, ((role, rank), payload) in enumerate(sorted(before.items())):
+        moved = {**payload, "node": "10.0.0.9" if rank == 1 else payload.get("node"), "pid": 4000 + rank,
+                 "attempt": 1}
+        if (role, rank) == ("critic", 1):
+            moved.update(effective="eager", observed="eager")
+        again.append(Ev(seq + 2 + i, "attention", moved, T0))
+    view = fold(first + again)
+    assert [e.message for e in view.restarts] == [restart["message"]]
+    assert view.trouble[-1].kind == "restart" and view.trouble[-1].rank == 1
+    rows = {(r.role, r.rank): r for r in view.attention_rows()}
+    assert rows[("actor", 0)].before is None and rows[("actor", 0)].attempt == 1  # same node and kernel
+    moved_row = rows[("actor", 1)]
+    assert (moved_row.node, moved_row.pid, moved_row.before.node, moved_row.changed) == \
+        ("10.0.0.9", 4001, before[("actor", 1)].get("node"), False)
+    critic = rows[("critic", 1)]
+    assert critic.changed and (critic.before.effective, critic.effective) == ("sdpa", "eager")

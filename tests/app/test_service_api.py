@@ -65,7 +65,8 @@ def test_wait_answers_at_once_for_a_finished_run_with_attention_per_role(client,
     assert body["attention"]["actor"]["effective"] == "sdpa"
     assert body["attention"]["critic"] == {"requested": "sdpa", "effective": "eager", "observed": "eager",
                                            "status": "fallback", "forced": None, "fallback": None, "rank": 0,
-                                           "sdpa_backend": None, "sdpa_backend_reason": None, "compute_dtype": None}
+                                           "node": None, "attempt": 0, "sdpa_backend": None,
+                                           "sdpa_backend_reason": None, "compute_dtype": None}
 
 
 def test_wait_times_out_on_an_unfinished_run(client, write_headers):

@@ -1,6 +1,7 @@
 """The service on a real Ray head (one per module, ``ray start --head`` on 127.0.0.1 with Ray's token
-authentication) and the app as a uvicorn subprocess on SQLite: nodes on loopback, a rank killed,
-the queue's reasons, Ray unreachable at submit, and 20 concurrent clients."""
+authentication) and the app as a uvicorn subprocess on SQLite: nodes on loopback, a rank killed, the
+engine host killed (its restartable run resumes through a new host), the queue's reasons, Ray
+unreachable at submit, and 20 concurrent clients."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import httpx
 import pytest
 
 from app.services.ray_runtime import free_port
+from tests.utils.checkpoints import assert_same_weights, full_weights
+from worker import checkpoint
 from tests.app.service_support import (
     TERMINAL,
     AppProcess,
@@ -75,8 +78,10 @@ def test_every_ray_node_is_on_loopback(head: RayHead):
 
 
 def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, head: RayHead):
+    """With attnboard.max_restarts=0 a dead rank ends the run (tests/worker/test_engine_resume.py restarts one)."""
     app, client = served
-    resp = client.post("/api/runs", json={"name": "rank-kill", "spec": tiny_run_spec(steps=200)})
+    resp = client.post("/api/runs", json={"name": "rank-kill", "spec": tiny_run_spec(
+        steps=200, **{"attnboard.max_restarts": 0})})
     assert resp.status_code == 201, resp.text
     run_id = resp.json()["id"]
 
@@ -101,27 +106,74 @@ def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, hea
         time.sleep(1)
 
 
-def test_a_dead_engine_host_fails_its_runs_and_the_next_run_starts_a_new_host(served, head: RayHead):
+def _done(client: httpx.Client, run_id: int, timeout: float = 300) -> dict:
+    return wait_until(client, run_id, lambda r: r["status"] in TERMINAL, timeout=timeout, what="its end")
+
+
+def test_a_dead_engine_host_restarts_its_run_through_a_new_host_from_its_checkpoint(served, head: RayHead):
+    """Two runs in one host: B (10 steps, a checkpoint every 2) is held in its step-8 save (rank 1 writes into a
+    FIFO, as on a hung filesystem) and A may not restart (max_restarts=0; held in a save too, so it stops taking
+    CPU). The host is SIGKILLed: A fails naming the host; B restarts in a new host from step 6, skips the
+    interrupted write, and ends with one metric per step and the weights of an uninterrupted run of the same
+    spec. A is then resumed from its newest checkpoint (POST .../resume)."""
     app, client = served
-    run_id = client.post("/api/runs", json={"name": "host-kill", "spec": tiny_run_spec(steps=200)}).json()["id"]
-    pids = rank_pids(app, client, run_id)
+    spec = tiny_run_spec(steps=10, ranks=2, **{"trainer.save_freq": 2})
+    reference = _done(client, client.post("/api/runs", json={"name": "reference", "spec": spec}).json()["id"])
+    assert reference["status"] == "succeeded", reference["status_reason"]
+    ref_folder = Path(client.get(f"/api/runs/{reference['id']}/checkpoints").json()["folder"])
+
+    a = client.post("/api/runs", json={"name": "no-restart", "spec": tiny_run_spec(
+        steps=200, **{"attnboard.max_restarts": 0, "trainer.save_freq": 2})}).json()["id"]
+    b = client.post("/api/runs", json={"name": "host-kill", "spec": spec}).json()["id"]
+
+    def hold(run_id: int, step: int, rank: int) -> Path:
+        """A FIFO where ``rank`` writes its RNG file in the run's save of ``step``: the save waits there."""
+        held = checkpoint.partial_folder(Path(client.get(f"/api/runs/{run_id}/checkpoints").json()["folder"]),
+                                         step, str(run_id)) / checkpoint.RNG_FOLDER
+        held.mkdir(parents=True)
+        os.mkfifo(held / f"rank_{rank}.pt")
+        return held
+
+    rank_pids(app, client, a)  # its ranks are up: its first scan of its folder is done
+    hold(a, 6, 0)
+    rank_pids(app, client, b)
+    held = hold(b, 8, 1)
+    folder = held.parent.parent
+    wait_until(client, b, lambda r: (held / "rank_0.pt").exists(), timeout=120, what="held in its step-8 save")
+    assert client.get(f"/api/runs/{b}").json()["step"] <= 8
     hosts = ray_query(head.address, head.env)["hosts"]
     assert len(hosts) == 1, hosts  # this app's host, attnboard-engine-<hash of its database>
     (name, host_pid), = hosts.items()
     assert name.startswith("attnboard-engine-")
     os.kill(host_pid, signal.SIGKILL)
 
-    run = wait_until(client, run_id, lambda r: r["status"] == "failed", timeout=30, what="failed with its host")
-    assert "engine host" in run["status_reason"], run["status_reason"]
-    deadline = time.monotonic() + 60
-    while not all(process_gone(pid) for pid in pids):  # the ranks belonged to the host: they die with it
-        assert time.monotonic() < deadline, "the rank processes outlived their host"
-        time.sleep(1)
-
-    again = client.post("/api/runs", json={"name": "after-host-kill", "spec": tiny_run_spec(steps=1)}).json()["id"]
-    done = wait_until(client, again, lambda r: r["status"] in TERMINAL, timeout=300, what="the next run's end")
-    assert done["status"] == "succeeded", done["status_reason"]
+    failed = wait_until(client, a, lambda r: r["status"] == "failed", timeout=60, what="failed with its host")
+    assert "engine host" in failed["status_reason"] and failed["restarts"] == 0, failed["status_reason"]
+    run = _done(client, b)
+    assert run["status"] == "succeeded" and run["restarts"] == 1, (run["status_reason"], app.tail())
+    events = all_events(client, b)
+    assert [e["seq"] for e in events] == list(range(1, run["last_seq"] + 1))
+    assert [e["payload"]["step"] for e in events if e["kind"] == "metric"] == list(range(1, 11))
+    assert "failed" not in [e["payload"]["status"] for e in events if e["kind"] == "status"]
+    restart, = [e["payload"] for e in events if e["kind"] == "restart"]
+    assert (restart["source"], restart["attempt"], restart["resumed_from_step"]) == ("app", 1, 6)
+    assert "the engine host is gone" in restart["cause"] and restart["checkpoint"] == str(folder / "global_step_6")
+    skipped = [e["payload"]["message"] for e in events if e["kind"] == "log" and "skipped_checkpoint" in e["payload"]]
+    assert skipped == [f"skipped global_step_8.partial-{b} in {folder}: an unfinished write (no rename to its final "
+                       f"name): interrupted; removed"]
+    listed = client.get(f"/api/runs/{b}/checkpoints").json()
+    assert [c["step"] for c in listed["data"]] == [2, 4, 6, 8, 10] and listed["skipped"] == []
+    assert_same_weights(full_weights(folder / "global_step_10"), full_weights(ref_folder / "global_step_10"))
     assert ray_query(head.address, head.env)["hosts"].get(name) not in (None, host_pid)  # a new host, same name
+
+    saved = [c for c in client.get(f"/api/runs/{a}/checkpoints").json()["data"] if c["resumable"]]
+    assert saved, "A saved at least once before the host died"
+    resumed = client.post(f"/api/runs/{a}/resume", json={"patch": {"trainer.total_training_steps": saved[-1]["step"] + 2}})
+    assert resumed.status_code == 201, resumed.text
+    c = _done(client, resumed.json()["id"])
+    assert c["status"] == "succeeded" and c["retry_of"] == a, c["status_reason"]
+    assert [e["payload"]["step"] for e in all_events(client, c["id"]) if e["kind"] == "metric"] == \
+        [saved[-1]["step"] + 1, saved[-1]["step"] + 2]
 
 
 def test_a_run_that_does_not_fit_stays_queued_saying_what_it_waits_for(served):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from app.models import EventKind, storable_problem
-from app.services.pump import RunChanges, attention_summary, gone_events, storable, to_event_create
+from app.services.pump import RunChanges, attention_summary, gone_events, max_restarts_of, storable, to_event_create
 from app.services.ray_launcher import Need, free_resources, never_fits, plan_queue, wait_reason
 from app.services.ray_runtime import HeadRecord, head_command, is_loopback, ray_token_available, split_address
 
@@ -132,6 +132,17 @@ def test_gone_events_continue_the_sequence_with_the_cause(cancel_requested, fina
     assert status.payload["status"] == final and status.payload["reason"] == error.payload["message"]
 
 
+@pytest.mark.parametrize("spec,expected", [
+    ({"attnboard": {"max_restarts": 0}}, 0),
+    ({"attnboard": {"max_restarts": 5}}, 5),
+    ({"attnboard": {"seed": 1}}, 2),  # stored before the key existed: its default
+    ({"attnboard": {"max_restarts": True}}, 2),
+    ({}, 2),
+])
+def test_max_restarts_of_a_stored_spec(spec, expected):
+    assert max_restarts_of(spec) == expected
+
+
 def test_attention_summary_takes_the_first_rank_of_each_role():
     payloads = [
         {"role": "actor", "rank": 0, "requested": "sdpa", "effective": "sdpa", "observed": "sdpa", "status": "ok"},
@@ -143,6 +154,12 @@ def test_attention_summary_takes_the_first_rank_of_each_role():
     summary = attention_summary(payloads)
     assert set(summary) == {"actor", "critic"}
     assert summary["actor"]["effective"] == "sdpa" and summary["critic"]["status"] == "forced"
+    restarted = attention_summary(payloads + [
+        {"role": "actor", "rank": 1, "effective": "eager", "observed": "eager", "attempt": 1, "node": "10.0.0.9"},
+        {"role": "actor", "rank": 0, "effective": "sdpa", "observed": "sdpa", "attempt": 1, "node": "10.0.0.8"}])
+    assert (restarted["actor"]["rank"], restarted["actor"]["effective"], restarted["actor"]["node"],
+            restarted["actor"]["attempt"]) == (1, "eager", "10.0.0.9", 1)  # the first rank seen after the restart
+    assert restarted["critic"]["attempt"] == 0
 
 
 # --------------------------------------------------------------------------------------------

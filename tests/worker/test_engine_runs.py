@@ -257,8 +257,9 @@ def test_cancel_stops_every_rank_within_10_seconds_and_eager_runs_where_asked(lo
 
 
 def test_a_killed_rank_fails_the_run_naming_the_rank_under_fsdp1(local_ray, cache_dir):
+    """With attnboard.max_restarts=0 (test_engine_resume.py restarts one)."""
     run_id = "kill-rank"
-    spec = tiny_spec(steps=500, strategy="fsdp")  # FSDP1 (FullyShardedDataParallel) trains until the kill
+    spec = tiny_spec(steps=500, strategy="fsdp", **{"attnboard.max_restarts": 0})  # FSDP1 trains until the kill
     controller = launch_controller(spec_to_tree(spec), run_id=run_id, cache_dir=str(cache_dir))
     events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" for e in ev), timeout=240)
     pids = next(p["pids"] for p in of(events, "log") if "pids" in p)

@@ -134,6 +134,8 @@ def test_hub_kernel_names_are_accepted():
         ({"actor_rollout_ref.actor.ppo_mini_batch_size": 1, "data.train_batch_size": 1},
          "actor_rollout_ref.actor.ppo_mini_batch_size", "must be divisible by the data-parallel size (2"),
         ({"algorithm.adv_estimator": "grpo"}, "actor_rollout_ref.rollout.n", "rollout.n must be >= 2"),
+        ({"trainer.resume_mode": "resume_path"}, "trainer.resume_from_path",
+         "trainer.resume_mode=resume_path needs trainer.resume_from_path"),
     ],
 )
 def test_cross_field_errors(dotted, field, fragment):

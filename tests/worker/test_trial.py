@@ -49,11 +49,13 @@ def col(impl: str, time_s: float | None, *, mem: float = 100.0, parity: float | 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa", "flash_attention_2"])
 def test_trial_spec_sets_every_role_steps_and_strict(impl):
-    spec = trial_spec(unflatten({**TINY, "attnboard.fallback_policy": "fallback"}), impl, 3)
+    spec = trial_spec(unflatten({**TINY, "attnboard.fallback_policy": "fallback", "trainer.save_freq": 1}), impl, 3)
     assert spec.actor_rollout_ref.model.override_config["attn_implementation"] == impl
     assert spec.critic.model.override_config["attn_implementation"] == impl
     assert spec.trainer.total_training_steps == 3
     assert spec.attnboard.fallback_policy == "strict"
+    trainer = spec.trainer  # a trial neither saves, resumes nor restarts
+    assert (trainer.save_freq, trainer.resume_mode, spec.attnboard.max_restarts) == (-1, "disable", 0)
     assert spec.data.train_batch_size == 4  # the rest of the spec is kept
 
 

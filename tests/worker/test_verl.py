@@ -555,6 +555,7 @@ def test_plus_rule_against_verls_generated_config() -> None:
         "+actor_rollout_ref.model.override_config.rope_scaling.type",
         "+attnboard.debug.output_attentions",
         "+attnboard.fallback_policy",
+        "+attnboard.max_restarts",
         "+attnboard.seed",
         "+critic.model.override_config.attn_implementation",
         "+critic.model.override_config.pad_token_id",
@@ -577,11 +578,31 @@ def test_generated_keys_module_matches_the_wheel() -> None:
 def test_runspec_defaults_are_verls() -> None:
     ours = spec_to_flat(RunSpec())
     verl_only = [k for k in SPEC_KEYS if VERL_NAMES.get(k, k) not in VERL_DEFAULTS]
-    assert verl_only == ["attnboard.fallback_policy", "attnboard.seed", "attnboard.debug.output_attentions"]
+    assert verl_only == ["attnboard.fallback_policy", "attnboard.seed", "attnboard.max_restarts",
+                         "attnboard.debug.output_attentions"]
     shared = {k: VERL_NAMES.get(k, k) for k in SPEC_KEYS if k not in verl_only}
     differing = {k: (ours[k], VERL_DEFAULTS[v]) for k, v in shared.items() if ours[k] != VERL_DEFAULTS[v]}
     # rollout.name is mandatory in verl (???); attnboard defaults to vllm, verl's usual engine.
     assert differing == {"actor_rollout_ref.rollout.name": ("vllm", MANDATORY)}
+
+
+def test_verls_interpolated_checkpoint_folder_is_kept_as_its_default_and_exported_for_verl_to_resolve() -> None:
+    """trainer.default_local_dir defaults to checkpoints/${trainer.project_name}/${trainer.experiment_name}: the
+    import keeps that exact text (resolved when the engine uses it, against the final spec), the export writes it
+    unescaped; an interpolation reading it, or any other folder, resolves at import as before."""
+    default = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    given = import_command(f"trainer.default_local_dir='{default}' trainer.project_name=p")
+    assert given.spec.trainer.default_local_dir == default and given.spec.trainer.project_name == "p"
+    assert f"'trainer.default_local_dir={default}'" in export_command(RunSpec(), full=True).text
+    assert f"  default_local_dir: {default}\n" in export_yaml(RunSpec()).text
+    other = import_command("trainer.default_local_dir='ckpt/${trainer.experiment_name}' "
+                           "trainer.resume_from_path='${trainer.default_local_dir}/global_step_2' "
+                           "trainer.resume_mode=resume_path")
+    assert other.spec.trainer.default_local_dir == "ckpt/gsm8k"
+    assert other.spec.trainer.resume_from_path == "ckpt/gsm8k/global_step_2"
+    at_default = import_command("trainer.resume_from_path='${trainer.default_local_dir}/global_step_2' "
+                                "trainer.experiment_name=e")
+    assert at_default.spec.trainer.resume_from_path == "checkpoints/verl_examples/e/global_step_2"
 
 
 @pytest.mark.parametrize("key", [k for k in SPEC_KEYS if k not in OPEN_DICT_FIELDS])

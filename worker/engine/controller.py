@@ -12,6 +12,7 @@ Two entry points share one ``Trainer``:
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -23,22 +24,29 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 
-from worker import models, ppo_math
+from worker import checkpoint, models, ppo_math
+from worker.checkpoint import Checkpoint, CheckpointError
 from worker.classify import EnvFacts, ErrorInfo, classify
 from worker.contract import NAMESPACE
 from worker.engine import compute, plan as planning
 from worker.engine.dispatch import Dispatch, Mesh, check_resources, concat_batches, dispatch_of, split_batch
 from worker.engine.events import Event, EventLog, Kind, RunState
 from worker.engine.rank import RankWorker, RoleLoadError
-from worker.engine.ranks import FreshRanks, RankSource, rank_name
+from worker.engine.ranks import FreshRanks, RankSource, kill as kill_rank, rank_name
 from worker.environment import Environment
 from worker.probe import environment_fields
 from worker.resolution import ModelSupport, resolve
-from worker.spec import RunSpec, check_spec, parse_spec
+from worker.spec import RunSpec, check_spec, parse_spec, spec_to_tree
 
 CANCEL_GRACE_S = 5.0  # a cancelled run lets the ranks' calls in flight finish this long before killing them
+CANCEL_BOUND_S = 15.0
+"""A cancel ends the run within this: a controller still busy after the grace (and 5 s more) has its ranks
+killed, and one still stuck after that (e.g. in a read that never returns) is left behind with the run
+marked cancelled."""
+LIVENESS_TIMEOUT_S = 2.0
+STATE_ORDER = (RunState.queued.value, RunState.starting.value, RunState.running.value)
 
 
 def controller_name(run_id: str) -> str:
@@ -101,13 +109,16 @@ class WorkerGroup:
             for ref in ready:
                 try:
                     results[ref] = ray.get(ref)
-                except RayActorError as exc:
+                except (RayActorError, OutOfMemoryError) as exc:  # the process is gone (killed, crashed, node lost)
                     if self.cancelled():
                         raise Cancelled() from None
                     raise RankFailed(rank_of[ref], _actor_death_cause(exc), died=True) from None
                 except RayTaskError as exc:
                     if self.cancelled():
                         raise Cancelled() from None
+                    dead = self.dead_rank()  # a collective fails on the survivors when a peer dies
+                    if dead is not None:
+                        raise RankFailed(dead[0], dead[1], died=True) from None
                     cause = exc.cause if exc.cause is not None else exc
                     raise RankFailed(rank_of[ref], f"{type(cause).__name__}: {cause}", died=False,
                                      remote_traceback=str(exc)) from cause
@@ -115,6 +126,20 @@ class WorkerGroup:
         if self.cancelled():
             raise Cancelled()
         return [results[ref] for ref in refs]
+
+    def dead_rank(self, timeout: float = LIVENESS_TIMEOUT_S) -> tuple[int, str] | None:
+        """The first rank whose actor is dead, with the cause; ranks that are busy or slow to answer count as alive."""
+        refs = [h.pid.remote() for h in self.handles]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for rank, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except RayActorError as exc:
+                    return rank, _actor_death_cause(exc)
+                except Exception:  # noqa: BLE001 - alive, whatever else it says
+                    pass
+        return None
 
     def call(self, method: str, *args: Any, batch: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         if self.cancelled():
@@ -150,17 +175,54 @@ class RunOptions:
     model_roots: list[Path]
     cache_dir: Path
     save_actor_to: Path | None = None
+    artefact_dir: Path | None = None
+    """The run's own folder: a relative ``trainer.default_local_dir`` goes under it (None: a folder of this
+    run under the temp folder)."""
+    checkpoint_roots: list[Path] | None = None
+    """Folders checkpoints may be written to and read from (None: anywhere). The service confines them to
+    its checkpoint folder."""
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A run started again in a new engine host after its host died (the app decides, see
+    ``app.services.pump``): why, which restart this is, and where its stored events stand."""
+
+    cause: str
+    attempt: int
+    first_seq: int
+    state: str
+    last_metric_step: int = 0
+
+    @classmethod
+    def of(cls, data: dict[str, Any] | None) -> Continuation | None:
+        return None if data is None else cls(**data)
 
 
 class Trainer:
-    """One run from start to a terminal status, every step reported through ``log``."""
+    """One run from start to a terminal status, every step reported through ``log``.
 
-    def __init__(self, spec: RunSpec, *, log: EventLog, options: RunOptions, ranks: RankSource | None = None):
+    A rank that dies (its process is gone: SIGKILL, a crash, Ray's memory monitor, a lost node) does not
+    end the run while ``attnboard.max_restarts`` allows another attempt: the ranks are let go of, the run
+    resumes on new ranks from its newest complete checkpoint (or from the start when it has none), and a
+    ``restart`` event says why and from which step. A rank that raises (an exception in its step, e.g. a
+    CUDA out-of-memory error) fails the run: the same step would fail again."""
+
+    def __init__(self, spec: RunSpec, *, log: EventLog, options: RunOptions, ranks: RankSource | None = None,
+                 continuation: Continuation | None = None):
         self.spec, self.log, self.options = spec, log, options
         self.ranks: RankSource = ranks or FreshRanks()
         self._cancel = threading.Event()
         self.group: WorkerGroup | None = None
+        self._held: list[Any] = []  # every rank actor the run holds, until released
         self._lock = threading.Lock()
+        self.continuation = continuation
+        self.restarts = continuation.attempt if continuation else 0
+        self.last_metric_step = continuation.last_metric_step if continuation else 0
+        self.resume: Checkpoint | None = None  # what the next attempt resumes from
+        self._resume_decided = False
+        self.placements: list[dict[str, Any]] = []
+        self.total_steps = spec.total_steps or 0
 
     # ---- control
 
@@ -170,9 +232,20 @@ class Trainer:
         self._cancel.set()
 
     def kill(self, reason: str) -> None:
-        """Stop now: cancel and kill the ranks, whatever they are doing."""
+        """Stop now: cancel and kill the ranks, whatever they are doing (also ranks a stuck release holds)."""
         self.cancel(reason)
+        with self._lock:
+            held = list(self._held)
+        for handle in held:
+            kill_rank(handle)
         self.stop_ranks(reusable=False)
+
+    def abandon(self, reason: str) -> None:
+        """The controller did not stop after ``kill``: end the run here (cancelled); whatever its thread
+        does when it returns is not recorded (the event log takes nothing after the final status)."""
+        self.kill(reason)
+        self.log.status(RunState.cancelled, f"{reason} (the controller did not stop within {CANCEL_BOUND_S:g} s: "
+                                            f"its ranks were killed)")
 
     @property
     def cancelled(self) -> bool:
@@ -184,29 +257,46 @@ class Trainer:
         The final status is emitted after the ranks were let go of, so a run that reads ``succeeded``
         holds nothing any more (and its warm ranks are back in the pool for the next run)."""
         log = self.log
-        try:
-            log.status(RunState.starting, "scheduling rank workers")
-            self._run()
-            final = (RunState.succeeded, f"{self.total_steps} steps done", {})
-        except Cancelled:
-            final = self._cancelled_end()
-        except RankFailed as exc:
-            if self.cancelled:
+        restart = (self.continuation.cause, None, "app") if self.continuation else None
+        while True:
+            try:
+                if restart is None:
+                    self._status(RunState.starting, "scheduling rank workers")
+                else:
+                    self._restart(*restart)
+                    restart = None
+                self._run()
+                final = (RunState.succeeded, f"{self.total_steps} steps done", {})
+            except Cancelled:
                 final = self._cancelled_end()
-            else:
-                log.emit(Kind.error, {"message": str(exc), "rank": exc.rank, "cause": exc.cause, "died": exc.died,
-                                      "traceback": exc.remote_traceback[-4000:]})
-                final = (RunState.failed, str(exc), {"rank": exc.rank})
-        except RoleFailure as exc:
-            log.emit(Kind.error, exc.payload)
-            final = (RunState.failed, exc.payload["message"], {"role": exc.payload["role"]})
-        except Exception as exc:  # noqa: BLE001 - the run ends failed with the cause, never silently
-            if self.cancelled:
-                final = self._cancelled_end()
-            else:
-                log.emit(Kind.error, {"message": f"{type(exc).__name__}: {exc}",
-                                      "traceback": traceback.format_exc()[-4000:]})
-                final = (RunState.failed, f"{type(exc).__name__}: {exc}", {})
+            except RankFailed as exc:
+                if self.cancelled:
+                    final = self._cancelled_end()
+                elif exc.died and self.restarts < self.spec.attnboard.max_restarts:
+                    self.stop_ranks(reusable=False)  # the survivors may be stuck in a collective with the dead one
+                    self.restarts += 1
+                    restart = (str(exc), exc.rank, "engine")
+                    continue
+                else:
+                    after = f" (after {self.restarts} restart{'s' if self.restarts != 1 else ''})" if self.restarts else ""
+                    log.emit(Kind.error, {"message": f"{exc}{after}", "rank": exc.rank, "cause": exc.cause,
+                                          "died": exc.died, "traceback": exc.remote_traceback[-4000:]})
+                    final = (RunState.failed, f"{exc}{after}", {"rank": exc.rank})
+            except RoleFailure as exc:
+                log.emit(Kind.error, exc.payload)
+                final = (RunState.failed, exc.payload["message"], {"role": exc.payload["role"]})
+            except CheckpointError as exc:
+                log.emit(Kind.error, {"message": str(exc), "field": exc.issues[0].field,
+                                      "issues": [i.as_dict() for i in exc.issues]})
+                final = (RunState.failed, str(exc), {})
+            except Exception as exc:  # noqa: BLE001 - the run ends failed with the cause, never silently
+                if self.cancelled:
+                    final = self._cancelled_end()
+                else:
+                    log.emit(Kind.error, {"message": f"{type(exc).__name__}: {exc}",
+                                          "traceback": traceback.format_exc()[-4000:]})
+                    final = (RunState.failed, f"{type(exc).__name__}: {exc}", {})
+            break
         state, reason, extra = final
         try:
             self.stop_ranks(reusable=state in (RunState.succeeded, RunState.cancelled))
@@ -218,12 +308,120 @@ class Trainer:
     def _cancelled_end(self) -> tuple[RunState, str, dict[str, Any]]:
         return RunState.cancelled, getattr(self, "_cancel_reason", "cancelled"), {}
 
+    def _status(self, state: RunState, reason: str, **extra: Any) -> None:
+        """A status that never goes back: a restarted run that was running stays running (its reason changes)."""
+        current = self.log.state
+        if current in STATE_ORDER and STATE_ORDER.index(current) > STATE_ORDER.index(state.value):
+            state = RunState(current)
+        self.log.status(state, reason, **extra)
+
     def stop_ranks(self, *, reusable: bool = False) -> None:
         """Hand the ranks back: reused (warm pool) only when ``reusable`` and no call is in flight."""
         with self._lock:
             group, self.group = self.group, None
         if group is not None:
             self.ranks.release(group.handles, device=self.spec.trainer.device, reusable=reusable and group.idle)
+            with self._lock:
+                self._held = [h for h in self._held if h not in group.handles]
+
+    # ---- checkpoints and restarts
+
+    @property
+    def run_id(self) -> str:
+        return self.log.run_id
+
+    def _artefact_dir(self) -> Path:
+        import tempfile
+
+        if self.options.artefact_dir is not None:
+            return self.options.artefact_dir
+        return Path(tempfile.gettempdir()) / f"attnboard-runs-{os.getuid()}" / checkpoint._safe(self.run_id)
+
+    def checkpoint_folder(self) -> Path:
+        """``trainer.default_local_dir`` of this run, resolved and checked against the allowed roots."""
+        folder = checkpoint.checkpoint_folder(self.spec, self._artefact_dir())
+        return checkpoint.confine(folder, self.options.checkpoint_roots, key="trainer.default_local_dir")
+
+    def _log_skipped(self, skipped: list[checkpoint.Skipped], *, removed: bool) -> None:
+        for item in skipped:
+            self.log.emit(Kind.log, {"message": item.message + ("; removed" if removed else ""),
+                                     "skipped_checkpoint": str(item.path)})
+
+    def _initial_point(self) -> Checkpoint | None:
+        """What ``trainer.resume_mode`` resumes from: auto, the newest complete checkpoint in
+        ``default_local_dir``; resume_path, ``resume_from_path``; disable, nothing."""
+        trainer = self.spec.trainer
+        folder = self.checkpoint_folder()
+        self._log_skipped(checkpoint.remove_partials(folder, self.run_id), removed=True)
+        if trainer.resume_mode == "disable":
+            found = [c for c in checkpoint.scan(folder)[0] if c.resumable]
+            if found:
+                self.log.emit(Kind.log, {"message": f"trainer.resume_mode=disable: starting fresh; the {len(found)} "
+                                                    f"checkpoint(s) in {folder} are not used"})
+            return None
+        if trainer.resume_mode == "resume_path":
+            path = checkpoint.under(str(trainer.resume_from_path), self._artefact_dir())
+            path = checkpoint.confine(path, self.options.checkpoint_roots, key="trainer.resume_from_path")
+            self._log_skipped(checkpoint.scan(path if not path.name.startswith(checkpoint.STEP_PREFIX)
+                                              else path.parent)[1], removed=False)
+            return checkpoint.locate(path)
+        self._log_skipped(checkpoint.scan(folder)[1], removed=False)
+        return checkpoint.newest(folder)
+
+    def _restart_point(self) -> Checkpoint | None:
+        """After a death: the newest complete checkpoint this run saved, else what it started from."""
+        folder = self.checkpoint_folder()
+        self._log_skipped(checkpoint.remove_partials(folder, self.run_id), removed=True)
+        return checkpoint.newest(folder, run_id=self.run_id) or self._initial_point()
+
+    def _restart(self, cause: str, rank: int | None, source: str) -> None:
+        """Announce a restart (``restart`` event) and decide the checkpoint the next attempt resumes from."""
+        point = self._restart_point()
+        self.resume, self._resume_decided = point, True
+        limit = self.spec.attnboard.max_restarts
+        where = f"resuming from step {point.step} ({point.path})" if point else \
+            "from the start (no complete checkpoint yet)"
+        message = f"restart {self.restarts} of {limit}: {cause}; {where}"
+        self.log.emit(Kind.restart, {"message": message, "cause": cause, "rank": rank, "attempt": self.restarts,
+                                     "max_restarts": limit, "resumed_from_step": point.step if point else 0,
+                                     "checkpoint": str(point.path) if point else None, "source": source})
+        self._status(RunState.starting, message)
+
+    def _models_meta(self, folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
+        """Per trained role: its model folder and the shape-deciding config attributes (for ``fit_issues``)."""
+        sections = {"actor": self.spec.actor_rollout_ref.model, "critic": self.spec.critic.model}
+        return {role: {"path": str(folder), "shape": checkpoint.shape_of(
+                    models.build_config(folder, sections[role].override_config, "eager"))}
+                for role, folder in folders.items()}
+
+    def _save(self, step: int, order_rng: random.Random, pending: list[int], signature: dict[str, Any]) -> None:
+        """A checkpoint of this step (see ``worker.checkpoint``): ranks write their shards into the partial
+        folder, the marker goes last, one rename commits it, then the tracker and the pruning."""
+        spec, group = self.spec, self.group
+        assert group is not None
+        folder = self.checkpoint_folder()
+        partial = checkpoint.partial_folder(folder, step, self.run_id)
+        partial.mkdir(parents=True, exist_ok=True)
+        parts = group.call("save_checkpoint", str(partial))
+        meta = {
+            "format": checkpoint.FORMAT, "step": step, "run_id": self.run_id, "saved_at": checkpoint.now_iso(),
+            "world_size": group.world, "roles": parts[0]["roles"], "generations": parts[0]["generations"],
+            "total_steps": self.total_steps,
+            "data": {"signature": signature, "rng_state": _rng_to_json(order_rng.getstate()), "pending": pending},
+            "kl_ctrl": {"type": "fixed", "kl_coef": spec.algorithm.kl_ctrl.kl_coef},
+            "models": self._models, "spec": spec_to_tree(spec),
+        }
+        checkpoint.write_marker(partial, meta)
+        final = checkpoint.step_folder(folder, step)
+        checkpoint.commit(partial, final)
+        checkpoint.write_tracker(folder, step)
+        pruned = checkpoint.prune(folder, run_id=self.run_id, keep={
+            "actor": spec.trainer.max_actor_ckpt_to_keep, "critic": spec.trainer.max_critic_ckpt_to_keep})
+        size = checkpoint.folder_size(final)
+        self.log.emit(Kind.log, {"message": f"checkpoint saved: step {step} ({size / 2**20:.1f} MiB) in {final}"
+                                            + (f"; pruned {', '.join(pruned)}" if pruned else ""),
+                                 "checkpoint": {"step": step, "path": str(final), "size_bytes": size},
+                                 "pruned": pruned})
 
     # ---- phases
 
@@ -239,6 +437,14 @@ class Trainer:
                   if i.severity == "error"]
         if errors:
             raise ValueError("; ".join(f"{i.field}: {i.message}" for i in errors))
+        self._models = self._models_meta({"actor": actor_folder, **({"critic": critic_folder} if critic_folder else {})})
+        if not self._resume_decided:
+            self.resume, self._resume_decided = self._initial_point(), True
+        if self.resume is not None:
+            issues = checkpoint.fit_issues(self.resume.meta, models=self._models, spec_tree=spec_to_tree(spec),
+                                           path=self.resume.path)
+            if issues:
+                raise CheckpointError(issues)
 
         device = spec.trainer.device
         world = spec.world_size
@@ -269,10 +475,14 @@ class Trainer:
         try:
             reports = group.call("load", load)
         except RankFailed as exc:
+            if exc.died:
+                raise
             raise _role_failure(exc, load, env) from None
         for rank_reports in reports:
             for report in rank_reports:
                 self._emit_attention(report, resolution)
+        if self.resume is not None:
+            self._load_checkpoint(self.resume)
 
         self.tokenizer = models.load_tokenizer(actor_folder)
         self._train(resolution)
@@ -280,27 +490,47 @@ class Trainer:
             saved = group.call("save_actor", str(self.options.save_actor_to))
             log.emit(Kind.log, {"message": f"saved the actor to {saved[0]}", "path": saved[0]})
 
+    def _load_checkpoint(self, point: Checkpoint) -> None:
+        """Every rank loads its shards of the trained roles (resharded when the world size differs) and
+        continues the rollout's sampling seeds; its RNG state too when the world size is the same."""
+        group = self.group
+        assert group is not None
+        saved_world = point.meta.get("world_size")
+        same = saved_world == group.world
+        group.call("load_checkpoint", str(point.path), int(point.meta.get("generations", point.step)), same)
+        note = "" if same else f"; resharded from a world of {saved_world} to {group.world} (per-rank RNG states not restored)"
+        unused = [r for r in point.roles if r not in self._models]
+        if unused:
+            note += f"; its {', '.join(unused)} is not used by this run"
+        self.log.emit(Kind.log, {"message": f"resumed from the checkpoint of step {point.step} in {point.path}{note}",
+                                 "resumed_from": {"step": point.step, "path": str(point.path)}})
+
     def _start_ranks(self, device: str, world: int, meshes: dict[str, Mesh]) -> None:
         acquired = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world)
         handles = acquired.handles
         group = WorkerGroup(handles, meshes, lambda: self.cancelled)
         with self._lock:
             self.group = group
+            self._held = list(handles)
         if self.cancelled:
             raise Cancelled()
         self.pids = group.wait([h.assign.remote(r, world, self.log.run_id) for r, h in enumerate(handles)],
                                list(range(world)))
+        self.placements = group.call("placement")
         addr, port = group.wait([handles[0].address.remote()], [0])[0]
         group.call("init_process_group", addr, port, sorted({m.sp for m in meshes.values()}))
         started = f"{acquired.warm} warm, {world - acquired.warm} new" if acquired.warm else "all new"
         self.log.emit(Kind.log, {"message": f"{world} rank workers up ({device}, {started}, process group on "
-                                            f"{addr}:{port})", "pids": self.pids, "warm": acquired.warm})
+                                            f"{addr}:{port})", "pids": self.pids, "warm": acquired.warm,
+                                 "nodes": [p["node"] for p in self.placements], "attempt": self.restarts})
 
     def _emit_attention(self, report: dict[str, Any], resolution) -> None:
         predicted = resolution.roles[report["role"]]
         for payload in planning.fallback_payloads(report):
             self.log.emit(Kind.fallback, payload)
-        payload = planning.attention_payload(report, predicted)
+        where = self.placements[report["rank"]] if report["rank"] < len(self.placements) else {}
+        payload = {**planning.attention_payload(report, predicted), "node": where.get("node"),
+                   "pid": where.get("pid"), "attempt": self.restarts}
         self.log.emit(Kind.attention, payload)
         for mismatch in planning.mismatches(payload):
             self.log.emit(Kind.attention_mismatch, mismatch)
@@ -319,13 +549,29 @@ class Trainer:
                              f"data.train_batch_size ({bsz})")
         steps_per_epoch = len(rows) // bsz
         self.total_steps = spec.trainer.total_training_steps or spec.trainer.total_epochs * steps_per_epoch
-        log.status(RunState.running, f"training for {self.total_steps} steps", total_steps=self.total_steps)
         order_rng = random.Random(spec.attnboard.seed)
-        order: list[int] = []
+        order: list[int] = []  # the shuffled prompt indices not drawn yet (epochs appended as needed)
+        signature = {"train_files": spec.data.train_files, "rows": len(rows), "seed": spec.attnboard.seed}
+        first = 1
+        if self.resume is not None:
+            first = self.resume.step + 1
+            data_state = self.resume.meta.get("data") or {}
+            if data_state.get("signature") == signature:
+                order_rng.setstate(_rng_from_json(data_state["rng_state"]))
+                order = list(data_state["pending"])
+            else:
+                log.emit(Kind.log, {"message": f"data position not restored: the checkpoint's data was "
+                                               f"{data_state.get('signature')}, this run's is {signature}; a new "
+                                               f"shuffle starts"})
+        what = (f"training for {self.total_steps} steps" if first == 1 else
+                f"training steps {first} to {self.total_steps} (resumed from step {first - 1})" if first <= self.total_steps
+                else f"nothing left to train: the checkpoint is at step {first - 1} of {self.total_steps}")
+        self._status(RunState.running, what, total_steps=self.total_steps)
         eos = tok.eos_token_id
         pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)
         first_step = True
-        for step in range(1, self.total_steps + 1):
+        save_freq = spec.trainer.save_freq
+        for step in range(first, self.total_steps + 1):
             if len(order) < bsz:
                 epoch = list(range(len(rows)))
                 order_rng.shuffle(epoch)
@@ -334,7 +580,11 @@ class Trainer:
             del order[:bsz]
             metrics = self._step(picked, step=step, eos=eos, pad=pad, resolution=resolution, emit_rollout=first_step)
             first_step = False
-            log.emit(Kind.metric, metrics)
+            if step > self.last_metric_step:  # a step replayed after a restart was reported already
+                log.emit(Kind.metric, metrics)
+                self.last_metric_step = step
+            if save_freq > 0 and (step % save_freq == 0 or step == self.total_steps):
+                self._save(step, order_rng, list(order), signature)
 
     def _step(self, picked: list[Any], *, step: int, eos: int | None, pad: int, resolution, emit_rollout: bool) -> dict[str, Any]:
         from worker import rewards
@@ -449,6 +699,17 @@ class Trainer:
                                      resolution)
 
 
+def _rng_to_json(state: tuple) -> list[Any]:
+    """``random.Random.getstate()`` as JSON: [version, [625 ints], gauss_next]."""
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_from_json(data: list[Any]) -> tuple:
+    version, internal, gauss = data
+    return (version, tuple(internal), gauss)
+
+
 def picked_rows(picked: list[Any], n: int) -> list[Any]:
     return [row for row in picked for _ in range(n)]
 
@@ -476,33 +737,51 @@ def _role_failure(exc: RankFailed, load, env: Environment) -> Exception:
 # Entry points
 
 
+def run_options(*, model_roots: list[Path] | list[str] | None = None, cache_dir: Path | str | None = None,
+                save_actor_to: Path | str | None = None, artefact_dir: Path | str | None = None,
+                checkpoint_roots: list[Path] | list[str] | None = None) -> RunOptions:
+    """``RunOptions`` from plain values (paths as text cross the Ray boundary)."""
+    return RunOptions(model_roots=[Path(r) for r in model_roots or []],
+                      cache_dir=Path(cache_dir) if cache_dir else models.default_cache_dir(),
+                      save_actor_to=Path(save_actor_to) if save_actor_to else None,
+                      artefact_dir=Path(artefact_dir) if artefact_dir else None,
+                      checkpoint_roots=[Path(r) for r in checkpoint_roots] if checkpoint_roots is not None else None)
+
+
 def run_spec(spec: RunSpec | dict, *, run_id: str, on_event: Callable[[Event], None] | None = None,
              model_roots: list[Path] | None = None, cache_dir: Path | str | None = None,
-             save_actor_to: Path | str | None = None) -> str:
-    """Run a spec in this process (one Ray actor per rank; Ray must be initialised) -> the final state."""
+             save_actor_to: Path | str | None = None, artefact_dir: Path | str | None = None) -> str:
+    """Run a spec in this process (one Ray actor per rank; Ray must be initialised) -> the final state.
+    ``artefact_dir``: where a relative ``trainer.default_local_dir`` goes (default: a folder of this run
+    under the temp folder)."""
     spec = spec if isinstance(spec, RunSpec) else parse_spec(spec)
     log = EventLog(run_id, on_event)
     log.status(RunState.queued, "submitted")
-    options = RunOptions(model_roots=list(model_roots or []),
-                         cache_dir=Path(cache_dir) if cache_dir else models.default_cache_dir(),
-                         save_actor_to=Path(save_actor_to) if save_actor_to else None)
+    options = run_options(model_roots=model_roots, cache_dir=cache_dir, save_actor_to=save_actor_to,
+                          artefact_dir=artefact_dir)
     return Trainer(spec, log=log, options=options).run()
 
 
 class RunController:
     """One run inside the engine host: the trainer on its own thread and the run's events until the app
-    has acknowledged them all."""
+    has acknowledged them all. ``continuation`` (``Continuation`` as a dict): the run is restarted here
+    after its previous host died; its events continue from the app's last stored seq."""
 
     def __init__(self, spec: dict, run_id: str, model_roots: list[str] | None = None, cache_dir: str | None = None,
-                 save_actor_to: str | None = None, ranks: RankSource | None = None):
+                 save_actor_to: str | None = None, ranks: RankSource | None = None, *,
+                 artefact_dir: str | None = None, checkpoint_roots: list[str] | None = None,
+                 continuation: dict[str, Any] | None = None):
         self.run_id = run_id
-        self.log = EventLog(run_id)
-        self.acked = 0
-        self.log.status(RunState.queued, "submitted")
-        options = RunOptions(model_roots=[Path(r) for r in model_roots or []],
-                             cache_dir=Path(cache_dir) if cache_dir else models.default_cache_dir(),
-                             save_actor_to=Path(save_actor_to) if save_actor_to else None)
-        self.trainer = Trainer(parse_spec(spec), log=self.log, options=options, ranks=ranks)
+        carry_on = Continuation.of(continuation)
+        if carry_on is None:
+            self.log = EventLog(run_id)
+            self.log.status(RunState.queued, "submitted")
+        else:
+            self.log = EventLog(run_id, first_seq=carry_on.first_seq, state=carry_on.state)
+        self.acked = carry_on.first_seq - 1 if carry_on else 0  # the app stored every event before the restart
+        options = run_options(model_roots=model_roots, cache_dir=cache_dir, save_actor_to=save_actor_to,
+                              artefact_dir=artefact_dir, checkpoint_roots=checkpoint_roots)
+        self.trainer = Trainer(parse_spec(spec), log=self.log, options=options, ranks=ranks, continuation=carry_on)
         self.thread: threading.Thread | None = None
 
     def start(self) -> bool:
@@ -518,17 +797,24 @@ class RunController:
         return {"run_id": self.run_id, "state": self.log.state, "last_seq": self.log.last_seq, "acked": self.acked,
                 "terminal": self.log.terminal}
 
-    def cancel(self, reason: str = "cancelled by the user", timeout: float = CANCEL_GRACE_S + 5.0) -> dict[str, Any]:
-        """Stop the run; a run still busy after ``timeout`` seconds has its ranks killed."""
+    def cancel(self, reason: str = "cancelled by the user", bound: float = CANCEL_BOUND_S) -> dict[str, Any]:
+        """Stop the run; answers within ``bound`` seconds with the run ended.
+
+        The calls in flight get ``CANCEL_GRACE_S`` to finish (then the ranks are left busy and killed);
+        a controller still running 5 s after that has its ranks killed; one still running when the bound
+        is near (stuck in something no kill reaches) is abandoned: the run is marked cancelled here."""
         if self.thread is None:  # never started: nothing runs, end it here
             if not self.log.terminal:
                 self.log.status(RunState.cancelled, reason)
-        else:
-            self.trainer.cancel(reason)
-            self.thread.join(timeout=timeout)
-            if self.thread.is_alive():
-                self.trainer.kill(reason)
-                self.thread.join(timeout=5.0)
+            return self.status()
+        deadline = time.monotonic() + bound
+        self.trainer.cancel(reason)
+        self.thread.join(timeout=min(CANCEL_GRACE_S + 5.0, bound * 2 / 3))
+        if self.thread.is_alive():
+            self.trainer.kill(reason)
+            self.thread.join(timeout=max(deadline - time.monotonic() - 1.0, 0.0))
+        if self.thread.is_alive():
+            self.trainer.abandon(reason)
         return self.status()
 
     def kill(self, reason: str) -> None:
@@ -545,14 +831,17 @@ class RunController:
 
 
 def launch_controller(spec: dict, *, run_id: str, model_roots: list[str] | None = None,
-                      cache_dir: str | None = None, save_actor_to: str | None = None) -> Any:
+                      cache_dir: str | None = None, save_actor_to: str | None = None,
+                      artefact_dir: str | None = None, checkpoint_roots: list[str] | None = None,
+                      continuation: dict[str, Any] | None = None) -> Any:
     """Start a run in the engine host (created on first use) -> its ``RunHandle``.
 
     ValueError when the host already has a run of that id."""
     from worker.engine.host import RunHandle, engine_host
 
     host = engine_host()
-    if not ray.get(host.submit.remote(spec, run_id, model_roots, cache_dir, save_actor_to)):
+    if not ray.get(host.submit.remote(spec, run_id, model_roots, cache_dir, save_actor_to, artefact_dir=artefact_dir,
+                                      checkpoint_roots=checkpoint_roots, continuation=continuation)):
         raise ValueError(f"run {run_id}: the engine host already has it")
     return RunHandle(host, run_id)
 

@@ -23,7 +23,16 @@ Payloads by kind:
   ``torch.cuda.max_memory_allocated`` on GPU).
 - ``log``: ``message`` and context (``pids`` of the ranks and how many came ``warm`` from the pool, the ``resolution`` preview, a saved ``path``).
 - ``error``: ``message``; ``rank``, ``cause``, ``died``, ``traceback`` for a rank failure; ``role``,
-  ``attempts``, ``diagnosis``, ``policy`` for a role that could not load.
+  ``attempts``, ``diagnosis``, ``policy`` for a role that could not load; ``field`` and ``issues`` for a
+  checkpoint that cannot be resumed.
+- ``restart``: the run starts again on new ranks after a rank or its engine host died: ``message``,
+  ``cause``, ``rank`` (the dead rank, or null for the host), ``attempt`` (1 for the first restart),
+  ``max_restarts``, ``resumed_from_step`` (0: from the start, no checkpoint yet), ``checkpoint`` (its
+  path or null), ``source`` (engine: a rank died; app: the engine host died). Its status stays
+  ``running``; the new ranks report their ``attention`` again (with ``node``, ``pid`` and ``attempt``),
+  and ``metric`` events of the steps replayed since the checkpoint are not sent again.
+
+After the final status nothing more is recorded (a controller abandoned by a cancel may still return).
 """
 
 from __future__ import annotations
@@ -45,18 +54,25 @@ Event = dict[str, Any]
 class EventLog:
     """Numbers events, keeps them, and passes each to ``on_event``; safe to use from several threads."""
 
-    def __init__(self, run_id: str, on_event: Callable[[Event], None] | None = None):
+    def __init__(self, run_id: str, on_event: Callable[[Event], None] | None = None, *, first_seq: int = 1,
+                 state: RunState | str = RunState.queued):
+        """``first_seq`` and ``state``: where a run restarted in a new engine host stands (the app's last
+        stored seq + 1 and its status), so its seqs continue without a gap."""
         self.run_id = run_id
         self._events: list[Event] = []
         self._lock = threading.Lock()
         self._on_event = on_event
-        self.state = RunState.queued.value
+        self._base = max(int(first_seq), 1) - 1
+        self.state = RunState(state).value
 
-    def emit(self, kind: Kind | str, payload: dict[str, Any]) -> Event:
+    def emit(self, kind: Kind | str, payload: dict[str, Any]) -> Event | None:
+        """Number and keep an event; None (nothing recorded) once the run has its final status."""
         kind = Kind(kind).value
         with self._lock:
-            event = {"run_id": self.run_id, "seq": len(self._events) + 1, "ts": time.time(), "kind": kind,
-                     "payload": payload}
+            if self.state in TERMINAL:
+                return None
+            event = {"run_id": self.run_id, "seq": self._base + len(self._events) + 1, "ts": time.time(),
+                     "kind": kind, "payload": payload}
             self._events.append(event)
             if kind == Kind.status.value:
                 self.state = payload["state"]
@@ -64,16 +80,17 @@ class EventLog:
             self._on_event(event)
         return event
 
-    def status(self, state: RunState | str, reason: str = "", **extra: Any) -> Event:
+    def status(self, state: RunState | str, reason: str = "", **extra: Any) -> Event | None:
         return self.emit(Kind.status, {"state": RunState(state).value, "reason": reason, **extra})
 
     def since(self, after_seq: int, limit: int = 1000) -> list[Event]:
+        start = max(after_seq - self._base, 0)
         with self._lock:
-            return list(self._events[max(after_seq, 0): max(after_seq, 0) + limit])
+            return list(self._events[start: start + limit])
 
     @property
     def last_seq(self) -> int:
-        return len(self._events)
+        return self._base + len(self._events)
 
     @property
     def terminal(self) -> bool:

@@ -11,7 +11,8 @@ run reaches its first PPO step in the time its models take to load and step.
 
 The host is detached: runs keep going while the app restarts, and a restarted app finds them with
 ``has_run``/``run_ids``. If the host process dies, its runs die with it (the rank actors are owned by
-the host) and the app marks them failed; the next launch starts a new host.
+the host); the app starts each of them again in a new host from its newest complete checkpoint, while
+its ``attnboard.max_restarts`` allows (``submit`` with a ``continuation``), and marks the others failed.
 
 A run stays in the host until the app acknowledged all its events after it finished (``ack``).
 """
@@ -88,12 +89,16 @@ class EngineHost:
     # ---- runs
 
     def submit(self, spec: dict, run_id: str, model_roots: list[str] | None = None, cache_dir: str | None = None,
-               save_actor_to: str | None = None) -> bool:
-        """Start a run; False when the host has a run of that id already (nothing is started then)."""
+               save_actor_to: str | None = None, *, artefact_dir: str | None = None,
+               checkpoint_roots: list[str] | None = None, continuation: dict[str, Any] | None = None) -> bool:
+        """Start a run (``continuation``: restart one whose host died, see ``RunController``); False when the
+        host has a run of that id already (nothing is started then)."""
         with self._lock:
             if run_id in self.runs:
                 return False
-            run = RunController(spec, run_id, model_roots, cache_dir, save_actor_to, ranks=self.pool)
+            run = RunController(spec, run_id, model_roots, cache_dir, save_actor_to, ranks=self.pool,
+                                artefact_dir=artefact_dir, checkpoint_roots=checkpoint_roots,
+                                continuation=continuation)
             self.runs[run_id] = run
         run.start()
         return True

@@ -553,6 +553,33 @@ class RankWorker:
         models.load_tokenizer(plan.folder).save_pretrained(out)
         return str(out)
 
+    # ---- checkpoints (the layout is worker.checkpoint's, the DCP part worker.engine.checkpointing's)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, folder: str) -> dict[str, Any]:
+        """This rank's part of a checkpoint (a collective) -> the roles written and the rollout's
+        ``generations`` (its sampling seed counter)."""
+        from worker.engine import checkpointing
+
+        roles = checkpointing.save(self.roles, Path(folder), rank=self.rank, device=self.device)
+        return {"rank": self.rank, "roles": roles, "generations": self.generations}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, folder: str, generations: int, restore_rng: bool) -> dict[str, Any]:
+        """Load the trained roles' states from a checkpoint (a collective) and continue the rollout's
+        sampling seeds from ``generations``."""
+        from worker.engine import checkpointing
+
+        roles = checkpointing.load(self.roles, Path(folder), rank=self.rank, device=self.device,
+                                   restore_rng=restore_rng)
+        self.generations = int(generations)
+        return {"rank": self.rank, "roles": roles}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def placement(self) -> dict[str, Any]:
+        """Where this rank runs: its node's address and its pid (a restarted rank may land elsewhere)."""
+        return {"rank": self.rank, "node": self.address()[0], "pid": os.getpid()}
+
     @register(Dispatch.ONE_TO_ALL)
     def shutdown(self) -> None:
         if dist.is_initialized():
