@@ -264,6 +264,8 @@ class _Reader:
         self.vars: dict[str, _Var] = {}
         self.exported: set[str] = set()
         self.assigned_anywhere: set[str] = set()
+        self.ever_set: set[str] = set()
+        """Variables the walk has assigned or unset so far: one read before that may come from the environment."""
         self.functions: dict[str, object] = {}
         self.positional: list[Value] | _Positional = _Positional()
         self.steps = 0
@@ -564,6 +566,7 @@ class _Reader:
                 self.vars[name] = _Unknown(f"unset where `{self.condition[-1]}` decides")
             else:
                 self.vars.pop(name, None)
+            self.ever_set.add(name)
 
     def _s_command(self, node) -> None:  # noqa: ANN001
         words = self.command_words(node)
@@ -729,6 +732,7 @@ class _Reader:
         self.set_var(name, value)
 
     def set_var(self, name: str, value: _Var) -> None:
+        self.ever_set.add(name)
         if isinstance(value, tuple) and len(_text(value)) > MAX_VALUE_CHARS:
             raise ShellError(f"variable {name} grows past {MAX_VALUE_CHARS} characters", name, 0)
         self.vars[name] = value
@@ -736,22 +740,52 @@ class _Reader:
     # ---- words
 
     def command_words(self, node) -> list[Word]:  # noqa: ANN001
-        words: list[Word] = []
-        for child in node.children:
-            field_name = node.field_name_for_child(list(node.children).index(child))
+        targets = []
+        for index, child in enumerate(node.children):
+            field_name = node.field_name_for_child(index)
             if child.type == "command_name":
-                target = child.named_children[0] if child.named_children else child
+                targets.append(child.named_children[0] if child.named_children else child)
             elif field_name == "argument":
-                target = child
+                targets.append(child)
+        # tree-sitter-bash cuts some words in two (``key=[$HOME/a]`` loses its ``$``): nodes with no space
+        # between them are one word for bash, read again on their own.
+        groups: list[list] = []
+        for target in targets:
+            gap = self.src.data[groups[-1][-1].end_byte:target.start_byte] if groups else b" "
+            if not re.search(rb"\s", gap):
+                groups[-1].append(target)
             else:
-                continue
-            for value in self.expand_fields(target):
-                words.append(self._word(value, target))
+                groups.append([target])
+        words: list[Word] = []
+        for group in groups:
+            for value in self.group_fields(group):
+                words.append(self._word(value, group[0], end=group[-1].end_byte))
                 if len(words) > MAX_WORDS:
                     raise self.fail(node, f"a command of more than {MAX_WORDS} words")
         return words
 
-    def _word(self, value: Value, node) -> Word:  # noqa: ANN001
+    def group_fields(self, group: list) -> list[Value]:
+        """One bash word that tree-sitter-bash cut into several nodes: it drops a ``$`` after ``[`` or
+        after an expansion and ``,`` (``key=[$A,$B]``). Read again with ``$NAME`` written ``${NAME}``,
+        which bash reads the same and the grammar keeps whole."""
+        if len(group) == 1:
+            return self.expand_fields(group[0])
+        text = self.src.data[group[0].start_byte:group[-1].end_byte].decode("utf-8", errors="surrogatepass")
+        if any(c in text for c in "'\"\\`"):
+            raise self.fail(group[0], f"cannot read the shell word {text[:80]}: quote it")
+        synthetic = ": " + re.sub(r"\$([A-Za-z_][A-Za-z0-9_]*)", r"${\1}", text)
+        tree = _parser().parse(synthetic.encode("utf-8", errors="surrogatepass"))
+        command = _first(tree.root_node, "command")
+        args = [c for i, c in enumerate(command.children) if command.field_name_for_child(i) == "argument"] \
+            if command is not None else []
+        if tree.root_node.has_error or len(args) != 1 or args[0].end_byte != len(synthetic.encode("utf-8", errors="surrogatepass")):
+            raise self.fail(group[0], f"cannot read the shell word {text[:80]}: quote it")
+        sub = _Reader.__new__(_Reader)
+        sub.__dict__.update(self.__dict__)
+        sub.src = _Source(synthetic)
+        return sub.expand_fields(args[0])
+
+    def _word(self, value: Value, node, end: int | None = None) -> Word:  # noqa: ANN001
         segments: list[Segment] = []
         for piece in value:
             verbatim = piece.kind == "verbatim"
@@ -759,7 +793,9 @@ class _Reader:
                 segments[-1] = Segment(segments[-1].text + piece.text, verbatim)
             elif piece.text:
                 segments.append(Segment(piece.text, verbatim))
-        return Word(_text(value), self.src.slice(node), self.src.char(node.start_byte), tuple(segments))
+        raw = self.src.data[node.start_byte:end if end is not None else node.end_byte].decode(
+            "utf-8", errors="surrogatepass")
+        return Word(_text(value), raw, self.src.char(node.start_byte), tuple(segments))
 
     def expand_string(self, node) -> Value:  # noqa: ANN001
         """A word expanded without brace expansion or field splitting (assignment values, case subjects)."""
@@ -901,6 +937,8 @@ class _Reader:
         if value is None:
             return [Piece("", "quoted" if quoted else "split")]
         if isinstance(value, list):
+            if name in ("@", "*"):
+                return self.join_items(value, name == "*", quoted)
             if index is None:
                 items = value[:1]
             elif index in ("@", "*"):
@@ -985,7 +1023,9 @@ class _Reader:
         op = rest[0].type if not rest[0].is_named else ""
         operands = [c for c in rest[1:] if c.is_named or c.type not in ("/", ":")]
         value = self.lookup(name, node)
-        from_env = isinstance(value, _Unknown) and value.reason == "environment"
+        # ${X:-default} of a variable not set yet (by the environment, or later by the script) takes the default
+        from_env = (isinstance(value, _Unknown) and value.reason == "environment") or (
+            value is None and name not in self.ever_set and name.isidentifier())
         current = None if value is None else value
         if op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
             word = self.operand(operands, quoted)
@@ -993,7 +1033,7 @@ class _Reader:
                 return [Piece(text, "verbatim")]
             if from_env:
                 if op in (":?", "?"):  # the script stops without it: it must come from the environment
-                    return self._verbatim(text, value, name)  # type: ignore[arg-type]
+                    return self._verbatim(text, _Unknown("environment"), name)
                 self._add(self.script.defaults, name)
                 current = None
             scalar = _scalar(current, index)
@@ -1005,7 +1045,7 @@ class _Reader:
                 return word if take else [Piece("", "quoted" if quoted else "split")]
             if use_word:
                 if op in (":=", "="):
-                    self.vars[name] = _stored(tuple(word))
+                    self.set_var(name, _stored(tuple(word)))
                 return word
             return self.parameter(name, index, quoted, node)
         if isinstance(current, _Unknown):
@@ -1018,13 +1058,13 @@ class _Reader:
         s = _text(scalar)
         kind: Kind = "quoted" if quoted else "split"
         if op in ("#", "##", "%", "%%"):
-            pattern = self.operand(operands, True)
+            pattern = self.operand(operands, False)
             if not _known(tuple(pattern)):
                 return [Piece(text, "verbatim")]
             return [Piece(_remove_affix(s, _pattern_regex(pattern), op), kind)]
         if op in ("/", "//", "/#", "/%"):
             pattern_nodes = [c for c in rest[1:] if c.is_named]
-            pat = self.operand(pattern_nodes[:1], True)
+            pat = self.operand(pattern_nodes[:1], False)
             rep = self.operand(pattern_nodes[1:2], True)
             if not _known(tuple(pat)) or not _known(tuple(rep)):
                 return [Piece(text, "verbatim")]

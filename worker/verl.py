@@ -295,7 +295,7 @@ def _shell_overrides(words: list[Word], state: _State) -> list[Word]:
     that hold whole words are left out with a warning; other unknown parts stay in the value, as written."""
     out: list[Word] = []
     for word in words:
-        if word.all_verbatim and word.text in ("$@", "$*", "${@}", "${*}", '"$@"'):
+        if word.all_verbatim and word.text.startswith(("$@", "$*", "${@", "${*")):
             state.warn(ARGUMENTS_WARNING.format(word=word.text))
             continue
         if word.all_verbatim and "=" not in word.text:
