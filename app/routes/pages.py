@@ -34,6 +34,7 @@ from app.web import STATIC_DIR, add_security_headers, render, templates
 from worker.environment import PROFILES, Environment
 from worker.resolution import Resolution, resolve
 from worker.spec import Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
+from worker.specfile import detect_format
 from worker.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -197,7 +198,7 @@ async def preview(request: Request, _: PageUser, session: SessionDep) -> Respons
 async def import_verl(request: Request, _: PageUser) -> Response:
     form = _multi(await request.form())
     text = (form.get("verl_text") or [""])[-1]
-    importer = import_yaml if _looks_like_yaml(text) else import_command
+    importer = import_yaml if detect_format(text) == "yaml" else import_command
     try:
         result = importer(text)
     except VerlImportError as exc:
@@ -212,17 +213,6 @@ async def import_verl(request: Request, _: PageUser) -> Response:
     return render(request, "run_new.html",
                   {**page_context(request), **state.context(verl_text=text, import_notes=notes, import_open=True)},
                   block="form_area")
-
-
-def _looks_like_yaml(text: str) -> bool:
-    """A verl command has ``key=value`` words; YAML has ``key:`` lines and no ``=`` before them."""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        head = stripped.split()[0]
-        return "=" not in head and head.endswith(":") or (":" in head and "=" not in head and not head.startswith("python"))
-    return False
 
 
 # --------------------------------------------------------------------------------------------
