@@ -33,7 +33,7 @@ from app.run_form import ATTENTION_HELP, FIELDS, FormError, form_to_spec_data, g
 from app.web import STATIC_DIR, add_security_headers, render, templates
 from worker.environment import PROFILES, Environment
 from worker.resolution import Resolution, resolve
-from worker.spec import Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
+from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
 from worker.specfile import detect_format
 from worker.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
 
@@ -156,6 +156,8 @@ class FormState:
             "probe_label": self.probe.label if self.probe is not None else None,
             "attention_help": ATTENTION_HELP,
             "export": None,
+            "passthrough": self.spec.verl_passthrough if self.spec is not None and not self.errors else {},
+            "passthrough_note": PASSTHROUGH_NOTE,
             **extra,
         }
 
@@ -335,7 +337,14 @@ def _load_view(session: Session, run: Run) -> RunView:
 def _run_context(request: Request, session: Session, run: Run) -> dict[str, Any]:
     view = _load_view(session, run)
     return {**page_context(request), "run": run, "view": view, "charts": CHARTS, "eta": format_eta(view.eta_seconds),
-            "eager_roles": eager_roles(run, view)}
+            "eager_roles": eager_roles(run, view), "passthrough": passthrough_of(run),
+            "passthrough_note": PASSTHROUGH_NOTE}
+
+
+def passthrough_of(run: Run) -> dict[str, Any]:
+    """The run's verl keys that attnboard does not run (its stored spec's ``verl_passthrough``)."""
+    value = run.spec.get("verl_passthrough") if isinstance(run.spec, dict) else None
+    return value if isinstance(value, dict) else {}
 
 
 def eager_roles(run: Run, view: RunView) -> list[str]:

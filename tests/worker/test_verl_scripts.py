@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.shell import read_script
+from worker.specfile import detect_format
 from worker.spec import ALIASES, PASSTHROUGH_NOTE, SPEC_NAMES, RunSpec, classify_key, flatten, parse_spec
 from worker.verl import (
     ENTRY_MESSAGE,
@@ -296,3 +297,26 @@ def test_bash_oracle_is_a_real_sandbox(tmp_path: Path) -> None:
     assert bash_call(script, [], tmp_path) == ["a.b=1"]
     assert not (tmp_path / "made").exists() and not (tmp_path / "d").exists()
     assert os.listdir(tmp_path / "bin")
+
+
+@pytest.mark.parametrize(
+    "text,fmt",
+    [
+        ("set -x\npython3 -m verl.trainer.main_ppo a.b=1", "cli"),
+        ("export VLLM_ATTENTION_BACKEND=XFORMERS\n", "cli"),
+        ("#!/bin/bash\ntrainer.nnodes=2\n", "cli"),
+        ("trainer.nnodes=2 trainer.n_gpus_per_node=4", "cli"),
+        ('echo "a: b"\npython3 -m verl.trainer.main_ppo a.b=1', "cli"),
+        ("trainer:\n  nnodes: 2\n", "yaml"),
+        ("data.train_files: x\n", "yaml"),
+        ('{"trainer": {"nnodes": 2}}', "yaml"),
+        ("# only a comment\n", "yaml"),
+    ],
+)
+def test_format_is_told_from_the_whole_text(text: str, fmt: str) -> None:
+    assert detect_format(text) == fmt
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_corpus_script_is_read_as_a_command_line(name: str) -> None:
+    assert detect_format((SCRIPTS / name).read_text()) == "cli"
