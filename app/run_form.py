@@ -194,35 +194,20 @@ def form_to_spec_data(form: dict[str, list[str]]) -> dict[str, Any]:
         raw = values[-1].strip()
         if f.widget == "checkbox":
             data[f.key] = raw == "true"
-        elif f.widget == "mapping":
+        elif f.widget in ("mapping", "passthrough"):
             if not raw:
                 continue
-            try:
-                parsed = yaml.safe_load(raw)
-            except yaml.YAMLError as exc:
-                issues.append(Issue(f.key, raw, f"not a YAML mapping: {str(exc).splitlines()[0]}"))
+            parsed = _yaml_mapping(f, raw, issues)
+            if parsed is None:
                 continue
-            if not isinstance(parsed, dict):
-                issues.append(Issue(f.key, raw, "must be a YAML mapping of config keys to values, e.g. {hidden_size: 64}"))
+            if f.widget == "passthrough":
+                data[f.key] = parsed
                 continue
             if "attn_implementation" in parsed:
                 issues.append(Issue(f.key, raw, "set attn_implementation with the attention selector above"))
                 continue
             for sub, value in parsed.items():
                 data[f"{f.key}.{sub}"] = value
-        elif f.widget == "passthrough":
-            if not raw:
-                continue
-            try:
-                parsed = yaml.safe_load(raw)
-            except yaml.YAMLError as exc:
-                issues.append(Issue(f.key, raw[:200], f"not a YAML mapping: {str(exc).splitlines()[0]}"))
-                continue
-            if not isinstance(parsed, dict):
-                issues.append(Issue(f.key, raw[:200], "must be a YAML mapping of dotted verl keys to values, e.g. "
-                                                      "data.val_files: ~/data/test.parquet"))
-                continue
-            data[f.key] = parsed
         elif f.listable and raw.startswith("["):
             try:
                 parsed = yaml.safe_load(raw)
@@ -239,6 +224,23 @@ def form_to_spec_data(form: dict[str, list[str]]) -> dict[str, Any]:
     if issues:
         raise FormError(issues)
     return data
+
+
+_MAPPING_EXAMPLES = {"mapping": "a YAML mapping of config keys to values, e.g. {hidden_size: 64}",
+                     "passthrough": "a YAML mapping of dotted verl keys to values, e.g. data.val_files: ~/data/test.parquet"}
+
+
+def _yaml_mapping(f: FormField, raw: str, issues: list[Issue]) -> dict[str, Any] | None:
+    """A mapping input's YAML, or None with the issue recorded."""
+    try:
+        parsed = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        issues.append(Issue(f.key, raw[:200], f"not a YAML mapping: {str(exc).splitlines()[0]}"))
+        return None
+    if not isinstance(parsed, dict):
+        issues.append(Issue(f.key, raw[:200], f"must be {_MAPPING_EXAMPLES[f.widget]}"))
+        return None
+    return parsed
 
 
 def spec_to_form_values(spec: RunSpec) -> dict[str, Any]:

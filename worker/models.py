@@ -40,7 +40,6 @@ from transformers import (
 )
 
 from worker.model_config import TINY_SHAPE, ModelPathError, model_info, read_config_json  # noqa: F401 - re-exported
-from worker.spec import ModelInfo
 
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_SEED = 0

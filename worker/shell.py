@@ -20,7 +20,6 @@ environment; ``${X:-default}`` of a variable from the environment takes the defa
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
@@ -1694,8 +1693,3 @@ def read_script(text: str) -> Script:
     except RecursionError:
         raise ShellError("the script nests too deeply to read", text[:40], 0) from None
     return reader.script
-
-
-def iter_words(script: Script) -> Iterator[Word]:
-    for command in script.commands:
-        yield from command.words

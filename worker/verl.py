@@ -50,7 +50,6 @@ from worker.spec import (
     nearest_key,
     nearest_verl_key,
     needs_plus,
-    open_field,
     parse_spec,
     typed_like_verl,
     unflatten,
