@@ -19,8 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from worker.environment import Environment, UnknownProfileError, environment_from, PROFILES
-from worker.resolution import Resolution, resolve
-from worker.spec import SpecError
+from worker.preview import preview
+from worker.resolution import Resolution
+from worker.spec import PASSTHROUGH, SpecError
 from worker.specfile import load_spec_file
 from worker.verl import VerlImportError, export_command, export_yaml
 
@@ -106,17 +107,25 @@ def resolve_cmd(
     env_file: Annotated[Optional[Path], typer.Option("--env-file", help="A probe result (JSON) instead of a profile.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show, per role, which attention implementation will run and why."""
+    """Show, per role, which attention implementation will run and why, and every issue a launch would
+    refuse (the checks of POST /api/resolve: Ulysses sizes against the model folder's head counts, batch
+    arithmetic, ...). Exit 2 on an invalid spec, 1 when a role cannot load."""
     imported = _load(spec, as_json)
     environment = _environment(env, env_file, as_json)
-    result = resolve(imported.spec, environment)
+    result = preview(imported.spec, environment)
+    errors = result.errors
     if as_json:
-        print(json.dumps({**result.to_dict(), "warnings": imported.warnings}))
+        print(json.dumps({**result.resolution.to_dict(), "issues": [i.as_dict() for i in result.issues],
+                          "warnings": imported.warnings}))
     else:
-        print_resolution(result)
+        print_resolution(result.resolution)
+        for issue in result.issues:
+            line = Text.assemble((f"{issue.severity}: ", "bold red" if issue.severity == "error" else "yellow"),
+                                 f"{issue.field}: {issue.message}")
+            (err if issue.severity == "error" else out).print(line)
         for warning in imported.warnings:
             _warn(warning)
-    raise typer.Exit(0 if result.ok else 1)
+    raise typer.Exit(EXIT_INVALID if errors else (0 if result.resolution.ok else 1))
 
 
 @cli.command("import")
@@ -128,7 +137,7 @@ def import_cmd(
     imported = _load(file, as_json)
     if as_json:
         print(json.dumps({"spec": imported.spec.model_dump(mode="json"), "warnings": imported.warnings,
-                          "overrides": imported.overrides}))
+                          "overrides": imported.overrides, PASSTHROUGH: imported.spec.verl_passthrough}))
         return
     out.print(export_yaml(imported.spec).text, markup=False)
     for warning in imported.warnings:

@@ -244,7 +244,8 @@ class Progress(BaseModel):
 class RunPublic(RunBase):
     id: int
     spec_id: int | None
-    spec: dict[str, Any]
+    spec: dict[str, Any] = Field(description="The spec the run was submitted with. Its verl_passthrough lists the verl "
+                                             "keys passed through to verl, not run by attnboard.")
     status: RunStatus
     status_reason: str | None
     cancel_requested: bool

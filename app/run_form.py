@@ -18,9 +18,9 @@ import yaml
 from pydantic import BaseModel
 
 from worker.attention import BUILTIN_NAMES
-from worker.spec import SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree
+from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree
 
-Widget = Literal["text", "number", "checkbox", "select", "attention", "mapping"]
+Widget = Literal["text", "number", "checkbox", "select", "attention", "mapping", "passthrough"]
 
 ATTN_SUFFIX = ".override_config.attn_implementation"
 OVERRIDE_KEYS = ("actor_rollout_ref.model.override_config", "critic.model.override_config")
@@ -74,6 +74,9 @@ GROUPS: tuple[Group, ...] = (
     Group("policy", "Fallback policy and debug",
           "strict fails as verl does; fallback walks flash_attention_2 -> sdpa -> eager and records each step.",
           ("attnboard",)),
+    Group("passthrough", "Passed through to verl, not run by attnboard",
+          "Keys of verl's config that attnboard does not model (an import keeps them all), one dotted key per "
+          "line; a key verl's config lacks starts with +. Exported to verl unchanged.", (PASSTHROUGH,)),
 )
 
 
@@ -87,6 +90,8 @@ class FormField:
     optional: bool = False
     step: str | None = None
     help: str = ""
+    listable: bool = False
+    """A text input that also takes a list, written ``[a.parquet, b.parquet]`` (data.train_files)."""
 
     @property
     def input_id(self) -> str:
@@ -106,6 +111,11 @@ def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         return args[0], len(args) < len(typing.get_args(annotation))
     return annotation, False
+
+
+def _takes_list(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(
+        typing.get_origin(a) is list for a in typing.get_args(annotation))
 
 
 def _label(key: str) -> str:
@@ -136,11 +146,16 @@ def _field_for(key: str) -> FormField:
     if annotation in (int, float):
         return FormField(key, _label(key), "number", group, optional=optional,
                          step="1" if annotation is int else "any", help=help_text)
-    return FormField(key, _label(key), "text", group, optional=optional, help=help_text)
+    return FormField(key, _label(key), "text", group, optional=optional, help=help_text,
+                     listable=_takes_list(info.annotation))
+
+
+PASSTHROUGH_FIELD = FormField(PASSTHROUGH, "verl keys", "passthrough", "passthrough", optional=True,
+                              help=f"{PASSTHROUGH_NOTE}. A YAML mapping, e.g. data.val_files: ~/data/test.parquet")
 
 
 def _all_fields() -> tuple[FormField, ...]:
-    fields: list[FormField] = []
+    fields: list[FormField] = [PASSTHROUGH_FIELD]
     for key in SPEC_KEYS:
         if key in OVERRIDE_KEYS:
             attn_key = key + ".attn_implementation"
@@ -184,22 +199,27 @@ def form_to_spec_data(form: dict[str, list[str]]) -> dict[str, Any]:
         raw = values[-1].strip()
         if f.widget == "checkbox":
             data[f.key] = raw == "true"
-        elif f.widget == "mapping":
+        elif f.widget in ("mapping", "passthrough"):
             if not raw:
                 continue
-            try:
-                parsed = yaml.safe_load(raw)
-            except yaml.YAMLError as exc:
-                issues.append(Issue(f.key, raw, f"not a YAML mapping: {str(exc).splitlines()[0]}"))
+            parsed = _yaml_mapping(f, raw, issues)
+            if parsed is None:
                 continue
-            if not isinstance(parsed, dict):
-                issues.append(Issue(f.key, raw, "must be a YAML mapping of config keys to values, e.g. {hidden_size: 64}"))
+            if f.widget == "passthrough":
+                data[f.key] = parsed
                 continue
             if "attn_implementation" in parsed:
                 issues.append(Issue(f.key, raw, "set attn_implementation with the attention selector above"))
                 continue
             for sub, value in parsed.items():
                 data[f"{f.key}.{sub}"] = value
+        elif f.listable and raw.startswith("["):
+            try:
+                parsed = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                issues.append(Issue(f.key, raw, f"not a list [a, b]: {str(exc).splitlines()[0]}"))
+                continue
+            data[f.key] = parsed
         elif raw == "" and (f.optional or f.widget == "attention"):
             continue
         elif f.widget == "number" and raw == "":
@@ -209,6 +229,23 @@ def form_to_spec_data(form: dict[str, list[str]]) -> dict[str, Any]:
     if issues:
         raise FormError(issues)
     return data
+
+
+_MAPPING_EXAMPLES = {"mapping": "a YAML mapping of config keys to values, e.g. {hidden_size: 64}",
+                     "passthrough": "a YAML mapping of dotted verl keys to values, e.g. data.val_files: ~/data/test.parquet"}
+
+
+def _yaml_mapping(f: FormField, raw: str, issues: list[Issue]) -> dict[str, Any] | None:
+    """A mapping input's YAML, or None with the issue recorded."""
+    try:
+        parsed = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        issues.append(Issue(f.key, raw[:200], f"not a YAML mapping: {str(exc).splitlines()[0]}"))
+        return None
+    if not isinstance(parsed, dict):
+        issues.append(Issue(f.key, raw[:200], f"must be {_MAPPING_EXAMPLES[f.widget]}"))
+        return None
+    return parsed
 
 
 def spec_to_form_values(spec: RunSpec) -> dict[str, Any]:
@@ -224,10 +261,23 @@ def spec_to_form_values(spec: RunSpec) -> dict[str, Any]:
             values[f.key] = yaml.safe_dump(override, default_flow_style=True).strip() if override else ""
         elif f.widget == "attention":
             values[f.key] = flat.get(f.key) or ""
+        elif f.widget == "passthrough":
+            passthrough = spec.verl_passthrough
+            values[f.key] = yaml.safe_dump(passthrough, default_flow_style=False, sort_keys=False,
+                                           allow_unicode=True).strip() if passthrough else ""
+        elif isinstance(tree_value(tree, f.key), list):
+            values[f.key] = yaml.safe_dump(tree_value(tree, f.key), default_flow_style=True).strip()
         else:
             value = flat.get(f.key)
             values[f.key] = value if f.widget == "checkbox" else ("" if value is None else str(value))
     return values
+
+
+def tree_value(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def issues_by_field(issues: list[Issue]) -> dict[str, list[Issue]]:

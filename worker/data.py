@@ -195,28 +195,32 @@ def _check_row(row: dict[str, Any], where: str) -> tuple[list[dict[str, str]], s
 
 
 def load_prompts(
-    train_files: str,
+    train_files: str | list[str],
     tokenizer: Any,
     max_prompt_length: int,
     *,
     seed: int,
     truncation: Literal["error", "left", "right"] = "error",
 ) -> list[PromptRow]:
-    """Every prompt of ``train_files`` (a built-in task or a parquet file), tokenized, in a seeded shuffle.
+    """Every prompt of ``train_files`` (a built-in task, a parquet file, or a list of parquet files read one
+    after the other into one dataset, as verl does), tokenized, in a seeded shuffle.
 
     A prompt longer than ``max_prompt_length`` tokens is refused (``truncation="error"``, verl's
     default) or cut, keeping its end (``left``) or its start (``right``).
     """
     if truncation not in TRUNCATIONS:
         raise ValueError(f"truncation {truncation!r} is not valid; valid: {', '.join(TRUNCATIONS)}")
-    if train_files.startswith(BUILTIN_PREFIX):
-        rows, origin = builtin_rows(train_files, seed=seed), train_files
-    else:
-        rows, origin = read_parquet(train_files), str(Path(train_files).expanduser())
-    if not rows:
-        raise DataError(f"data.train_files {origin!r} holds no rows")
+    sourced: list[tuple[str, int, dict[str, Any]]] = []  # (origin, row number in it, row)
+    for name in [train_files] if isinstance(train_files, str) else train_files:
+        if name.startswith(BUILTIN_PREFIX):
+            rows, origin = builtin_rows(name, seed=seed), name
+        else:
+            rows, origin = read_parquet(name), str(Path(name).expanduser())
+        if not rows:
+            raise DataError(f"data.train_files {origin!r} holds no rows")
+        sourced.extend((origin, i, row) for i, row in enumerate(rows))
     out = []
-    for i, row in enumerate(rows):
+    for origin, i, row in sourced:
         where = f"{origin} row {i}"
         messages, source, truth = _check_row(row, where)
         text, templated = render_prompt(messages, tokenizer)

@@ -228,6 +228,10 @@ KL_ESTIMATORS: dict[KLType, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     KLType.abs: _kl_abs,
     KLType.mse: _kl_mse,
     KLType.low_var_kl: _kl_low_var,
+    # verl's other names for the same three estimators (its kl_penalty_forward)
+    KLType.k1: _kl_k1,
+    KLType.k2: _kl_mse,
+    KLType.k3: _kl_low_var,
 }
 
 
@@ -236,12 +240,13 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: KLType | 
 
     approx KL, http://joschu.net/blog/kl-approx.html:
     ``kl`` k1 = log p - log p_ref; ``abs`` |k1|; ``mse`` k2 = 0.5 * k1^2;
-    ``low_var_kl`` k3 = p_ref/p - log(p_ref/p) - 1, log ratio clamped to [-20, 20], result to [-10, 10].
+    ``low_var_kl`` k3 = p_ref/p - log(p_ref/p) - 1, log ratio clamped to [-20, 20], result to [-10, 10];
+    ``k1``, ``k2``, ``k3`` are verl's other names for kl, mse, low_var_kl.
     """
-    try:
-        estimator = KL_ESTIMATORS[KLType(kind)]
-    except ValueError:
-        raise ValueError(f"KL estimator {kind!r} is unknown; valid: {', '.join(k.value for k in KLType)}") from None
+    estimator = KL_ESTIMATORS.get(kind)  # type: ignore[call-overload]  # str keys match: KLType is a str Enum
+    if estimator is None:
+        known = "is not implemented by attnboard's engine" if kind in KLType._value2member_map_ else "is unknown"
+        raise ValueError(f"KL estimator {kind!r} {known}; valid: {', '.join(k.value for k in KL_ESTIMATORS)}")
     return estimator(logprob, ref_logprob)
 
 

@@ -12,14 +12,17 @@ Pure logic: no I/O. ``parse_spec`` turns untrusted JSON/YAML data into a ``RunSp
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from worker.attention import BUILTIN_NAMES, VALID_DESCRIPTION, is_valid_name
 from worker.vocabulary import AdvEstimator, KLType  # the spec's vocabulary, shared with the PPO math
+from worker.verl_keys import VERL_DEFAULTS, VERL_VERSION
 
 # --------------------------------------------------------------------------------------------
 # Errors
@@ -72,6 +75,13 @@ class Strategy(str, Enum):
     fsdp_turbo = "fsdp_turbo"
 
 
+ENGINE_ADV_ESTIMATORS: frozenset[str] = frozenset({AdvEstimator.gae.value, AdvEstimator.grpo.value})
+"""The advantage estimators attnboard's engine implements (``worker.ppo_math.ADV_ESTIMATORS``; a test keeps them equal)."""
+ENGINE_KL_TYPES: frozenset[str] = frozenset(
+    k.value for k in (KLType.kl, KLType.abs, KLType.mse, KLType.low_var_kl, KLType.k1, KLType.k2, KLType.k3))
+"""The KL estimators attnboard's engine implements (``worker.ppo_math.KL_ESTIMATORS``; a test keeps them equal)."""
+
+
 class RolloutName(str, Enum):
     """verl's rollout engines. attnboard always generates with the actor's HF model (see resolution)."""
 
@@ -97,6 +107,7 @@ class _Section(BaseModel):
 
 
 PositiveInt = Field(gt=0)
+MAX_TRAIN_FILES = 1000
 
 
 def _check_override_config(value: dict[str, Any]) -> dict[str, Any]:
@@ -248,23 +259,24 @@ class AlgorithmSection(_Section):
     norm_adv_by_std_in_grpo: bool = True
 
 
+TrainFile = Annotated[str, Field(min_length=1, max_length=4096)]
+
+
 class DataSection(_Section):
-    train_files: str = Field(
+    train_files: TrainFile | list[TrainFile] = Field(
         "~/data/rlhf/gsm8k/train.parquet",
-        min_length=1,
-        max_length=4096,
-        description="A built-in task (builtin:count, builtin:copy, ...) or a verl-format parquet file.",
+        description="A built-in task (builtin:count, builtin:copy, ...) or a verl-format parquet file, or a list "
+                    "of parquet files (read one after the other into one dataset, as verl does).",
     )
     train_batch_size: int = Field(1024, gt=0, le=1_000_000)
     max_prompt_length: int = Field(512, gt=0, le=1_000_000)
     max_response_length: int = Field(512, gt=0, le=1_000_000)
 
-    @field_validator("train_files", mode="before")
+    @field_validator("train_files")
     @classmethod
-    def _one_file(cls, v: Any) -> Any:
-        # verl accepts a list of files; attnboard runs one data source, given once.
-        if isinstance(v, list) and len(v) == 1:
-            return v[0]
+    def _some_files(cls, v: Any) -> Any:
+        if isinstance(v, list) and not 1 <= len(v) <= MAX_TRAIN_FILES:
+            raise ValueError(f"give 1 to {MAX_TRAIN_FILES} files, got {len(v)}")
         return v
 
 
@@ -342,6 +354,10 @@ class AttnboardSection(_Section):
     debug: DebugSection = Field(default_factory=DebugSection)
 
 
+PASSTHROUGH = "verl_passthrough"
+PASSTHROUGH_NOTE = "passed through to verl, not run by attnboard"
+
+
 class RunSpec(_Section):
     """A PPO run. Defaults are verl 0.9.1's, so an imported command means what verl would run."""
 
@@ -352,6 +368,22 @@ class RunSpec(_Section):
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     custom_reward_function: CustomRewardFunction = Field(default_factory=CustomRewardFunction)
     attnboard: AttnboardSection = Field(default_factory=AttnboardSection)
+    verl_passthrough: dict[str, Any] = Field(
+        default_factory=dict,
+        description=PASSTHROUGH_NOTE + ": keys of verl's config that attnboard does not model, as dotted keys "
+                    "(one that verl's config lacks starts with +), exported to verl unchanged.",
+    )
+
+    @field_validator("verl_passthrough")
+    @classmethod
+    def _canonical_passthrough(cls, value: dict[str, Any]) -> dict[str, Any]:
+        lifted, passthrough, issues = split_passthrough(value)
+        if issues:
+            raise ValueError("; ".join(f"{i.field}: {i.message}" for i in issues))
+        if lifted:
+            raise ValueError(f"{', '.join(lifted)}: modelled by attnboard; set {'them' if len(lifted) > 1 else 'it'} "
+                             "in the spec, not in verl_passthrough")
+        return passthrough
 
     # ---- derived views used throughout
 
@@ -446,13 +478,193 @@ def _schema_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-SPEC_KEYS: tuple[str, ...] = tuple(_schema_keys(RunSpec))
-"""Every leaf key of a spec, dotted (override_config counts as one leaf)."""
+SPEC_KEYS: tuple[str, ...] = tuple(k for k in _schema_keys(RunSpec) if k != PASSTHROUGH)
+"""Every leaf key attnboard models, dotted (override_config counts as one leaf; ``verl_passthrough`` is not one)."""
 
 # verl's deprecated aliases, accepted on input and rewritten to their current key.
 ALIASES: dict[str, str] = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
 }
+
+
+VERL_NAMES: dict[str, str] = {
+    spec_key: verl_key
+    for spec_key, verl_key in (
+        ("actor_rollout_ref.actor.fsdp_config.turbo_cp_size",
+         "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.ulysses_parallel_size"),
+        ("critic.turbo_cp_size", "critic.fsdp.turbo_config.distributed.ulysses_parallel_size"),
+    )
+    if spec_key in SPEC_KEYS and verl_key in VERL_DEFAULTS
+}
+"""Spec keys that verl spells differently: FSDP-Turbo's CP group size is verl's
+``turbo_config.distributed.ulysses_parallel_size``. Read on import, written on export."""
+SPEC_NAMES: dict[str, str] = {verl_key: spec_key for spec_key, verl_key in VERL_NAMES.items()}
+
+DOTTED_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*$")
+"""A dotted key as Hydra's override grammar reads one."""
+_MODELLED = frozenset(SPEC_KEYS) - frozenset(OPEN_DICT_FIELDS)
+_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in SPEC_KEYS for i in range(1, k.count(".") + 1))
+_VERL_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in VERL_DEFAULTS for i in range(1, k.count(".") + 1))
+
+KeyKind = Literal["spec", "open", "section", "verl", "hydra", "under_value", "unknown"]
+
+
+def open_field(key: str) -> str | None:
+    """The override_config field ``key`` is, or lies under."""
+    return next((f for f in OPEN_DICT_FIELDS if key == f or key.startswith(f + ".")), None)
+
+
+def classify_key(key: str) -> KeyKind:
+    """What a dotted key (aliases already rewritten) is: a key attnboard models (``spec``), an
+    override_config key (``open``), a section holding keys (``section``), a key of verl 0.9.1's config
+    that attnboard does not model (``verl``, including keys under a verl key whose default is ``{}`` or
+    null), Hydra's own (``hydra``), a sub-key of a verl value that has none (``under_value``), or none of
+    these (``unknown``)."""
+    key = SPEC_NAMES.get(key, key)
+    if key in _MODELLED:
+        return "spec"
+    if open_field(key):
+        return "open"
+    if key in _SECTIONS or key in _VERL_SECTIONS:
+        return "section"
+    if key == "hydra" or key.startswith("hydra."):
+        return "hydra"
+    if key in VERL_DEFAULTS:
+        return "verl"
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        ancestor = ".".join(parts[:cut])
+        if ancestor in VERL_DEFAULTS:
+            return "verl" if VERL_DEFAULTS[ancestor] in ({}, None) else "under_value"
+        if ancestor in _MODELLED:
+            return "under_value"
+    return "unknown"
+
+
+def nearest_verl_key(key: str) -> str | None:
+    """The key of verl's config a typo most likely meant (``gpu_memory_utilisation`` -> ``..._utilization``)."""
+    leaf = key.rsplit(".", 1)[-1]
+    candidates = [k for k in VERL_DEFAULTS if k.startswith(key.split(".", 1)[0] + ".")] or list(VERL_DEFAULTS)
+    found = difflib.get_close_matches(key, candidates, n=1, cutoff=0.85)
+    if not found:
+        found = [k for k in candidates if k.rsplit(".", 1)[-1] == leaf][:1]
+    return found[0] if found else None
+
+
+MAX_PASSTHROUGH_KEYS = 2000
+MAX_PASSTHROUGH_DEPTH = 16
+_HYDRA_DICT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _passthrough_value_problem(value: Any, depth: int = 0) -> str | None:
+    """Why a value cannot go through to verl on a command line and back, or None."""
+    if depth > MAX_PASSTHROUGH_DEPTH:
+        return f"nested more than {MAX_PASSTHROUGH_DEPTH} levels deep"
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value} cannot be stored (JSON has no NaN or Infinity)"
+    if isinstance(value, str):
+        if "\x00" in value:
+            return "a NUL character cannot be passed on a command line"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a lone surrogate (\\ud800-\\udfff) is not valid Unicode"
+        return None
+    if isinstance(value, list):
+        return next((p for p in (_passthrough_value_problem(v, depth + 1) for v in value) if p), None)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str) or not _HYDRA_DICT_KEY.match(k):
+                return f"dict key {k!r} is not a name Hydra can write ({_HYDRA_DICT_KEY.pattern})"
+            problem = _passthrough_value_problem(v, depth + 1)
+            if problem:
+                return problem
+        return None
+    return f"a {type(value).__name__} is not a value verl's config can hold"
+
+
+def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Issue]]:
+    """Pass-through data -> (keys attnboard models, found among them; the canonical pass-through; issues).
+
+    The canonical form: one dotted key per value, dict values spread into sub-keys (an empty dict
+    stays a value), ``+`` in front exactly when verl 0.9.1's config lacks the key (``++`` is read as
+    ``+``). A key that attnboard models is handed back to be set in the spec; a key verl's config
+    lacks needs the ``+`` (as on verl's command line), so a typo is an error naming the nearest key."""
+    if not isinstance(raw, dict):
+        return {}, {}, [Issue(PASSTHROUGH, raw, f"must be a mapping of dotted verl keys to values, got "
+                                                f"{type(raw).__name__}")]
+    lifted: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+    issues: list[Issue] = []
+
+    def add(given: str, value: Any, depth: int) -> None:
+        where = f"{PASSTHROUGH}.{given}"
+        plus = given.startswith("+")
+        key = given.lstrip("+")
+        if len(given) - len(key) > 2 or not DOTTED_KEY.match(key):
+            issues.append(Issue(where, value, f"{given!r} is not a dotted key (such as data.val_files), "
+                                              "optionally after + to add a key verl's config lacks"))
+            return
+        key = ALIASES.get(key, key)
+        kind = classify_key(key)
+        if kind in ("spec", "open"):
+            lifted[SPEC_NAMES.get(key, key)] = value
+            return
+        if isinstance(value, dict) and value and kind in ("section", "verl", "unknown", "hydra") and depth < MAX_PASSTHROUGH_DEPTH:
+            for sub, sub_value in value.items():
+                if not isinstance(sub, str) or not _HYDRA_DICT_KEY.match(sub):
+                    issues.append(Issue(f"{where}.{sub}", sub_value, f"{sub!r} is not a key name"))
+                    continue
+                add(("+" if plus else "") + f"{key}.{sub}", sub_value, depth + 1)
+            return
+        if kind == "section":
+            issues.append(Issue(where, value, f"{key} is a section of verl's config, not a value: give its keys"))
+            return
+        if kind == "under_value":
+            issues.append(Issue(where, value, f"{key} lies under a key of verl's config that holds a value, "
+                                              "not a section"))
+            return
+        if kind == "unknown" and key.split(".", 1)[0] == "attnboard":
+            issues.append(_unknown_key_issue(key, value))
+            return
+        if kind == "unknown" and not plus:
+            near = nearest_verl_key(key)
+            hint = f"; did you mean {near}?" if near else ""
+            issues.append(Issue(where, value, f"unknown key {key}: verl {VERL_VERSION}'s config lacks it; write "
+                                              f"+{key} to add it{hint}", valid=near))
+            return
+        problem = _passthrough_value_problem(value)
+        if problem:
+            issues.append(Issue(where, _jsonable(value), problem))
+            return
+        out[("+" if needs_plus(key) else "") + key] = typed_like_verl(key, value)
+
+    if len(raw) > MAX_PASSTHROUGH_KEYS:
+        return {}, {}, [Issue(PASSTHROUGH, f"{len(raw)} keys", f"at most {MAX_PASSTHROUGH_KEYS} keys")]
+    for given, value in raw.items():
+        if not isinstance(given, str):
+            issues.append(Issue(PASSTHROUGH, given, "keys must be strings"))
+            continue
+        add(given, value, 0)
+    return lifted, out, issues
+
+
+def needs_plus(key: str) -> bool:
+    """Whether verl's command line needs ``+key=`` (Hydra's struct mode): the key is not in verl's
+    generated config, nor one of Hydra's own."""
+    return key not in VERL_DEFAULTS and classify_key(key) != "hydra"
+
+
+def typed_like_verl(key: str, value: Any, raw: str | None = None) -> Any:
+    """A value typed as verl's generated config has ``key``: a string key given a number or a bool
+    (``trainer.project_name=2024``) keeps its text (``raw``, the text as written, when there is one)."""
+    if isinstance(VERL_DEFAULTS.get(key), str) and isinstance(value, (bool, int, float)):
+        if raw is not None:
+            return raw.strip()
+        return ("true" if value else "false") if isinstance(value, bool) else repr(value)
+    return value
 
 
 def nearest_key(key: str) -> str | None:
@@ -490,10 +702,24 @@ def _normalise(data: dict[str, Any]) -> dict[str, Any]:
             raise SpecError([Issue(str(key), value, "keys must be strings")])
         flat_input[key] = value
     tree = unflatten(flat_input)
+    raw_passthrough = tree.pop(PASSTHROUGH, {})
     flat = {}
     for key, value in _flatten_schema_aware(tree).items():
         flat[ALIASES.get(key, key)] = value
-    return unflatten(flat)
+    # Keys of the pass-through that attnboard models are read as the spec's own (a spec stored before
+    # attnboard modelled a key keeps meaning the same); given twice with two values is an error.
+    lifted, passthrough, issues = split_passthrough(raw_passthrough)
+    for key, value in lifted.items():
+        if key in flat and flat[key] != value:
+            issues.append(Issue(f"{PASSTHROUGH}.{key}", value, f"{key} is given twice, in the spec ({_short(flat[key])}) "
+                                                               f"and in {PASSTHROUGH} ({_short(value)})"))
+        flat[key] = value
+    if issues:
+        raise SpecError(issues)
+    out = unflatten(flat)
+    if passthrough:
+        out[PASSTHROUGH] = passthrough
+    return out
 
 
 def _flatten_schema_aware(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -596,8 +822,10 @@ def check_spec(
     *,
     actor_model: ModelInfo | None = None,
     critic_model: ModelInfo | None = None,
+    launch: bool = False,
 ) -> list[Issue]:
-    """Cross-field rules verl enforces (and a few it should). Returns errors and warnings, errors first."""
+    """Cross-field rules verl enforces (and a few it should). Returns errors and warnings, errors first.
+    ``engine_issues`` are warnings for a preview and errors for a launch (``launch=True``)."""
     issues: list[Issue] = []
     arr = spec.actor_rollout_ref
     actor = arr.actor
@@ -693,7 +921,32 @@ def check_spec(
                             "trainer.resume_mode=resume_path needs trainer.resume_from_path: a global_step_N checkpoint "
                             "folder, or a folder holding them", valid="a folder path"))
 
+    issues.extend(engine_issues(spec, severity="error" if launch else "warning"))
     issues.sort(key=lambda i: i.severity != "error")
+    return issues
+
+
+def engine_issues(spec: RunSpec, *, severity: Literal["error", "warning"] = "error") -> list[Issue]:
+    """What verl would run and attnboard's engine does not implement: an advantage estimator other than
+    those in ``ENGINE_ADV_ESTIMATORS``, a KL estimator in use other than ``ENGINE_KL_TYPES``. A spec
+    holds them (import, preview and export accept them); a launch refuses them."""
+    issues: list[Issue] = []
+    estimator = spec.algorithm.adv_estimator
+    if estimator not in ENGINE_ADV_ESTIMATORS:
+        issues.append(Issue("algorithm.adv_estimator", estimator,
+                            f"attnboard's engine does not run adv_estimator {estimator} (verl does); it runs "
+                            f"{', '.join(sorted(ENGINE_ADV_ESTIMATORS))}", severity=severity,
+                            valid=sorted(ENGINE_ADV_ESTIMATORS)))
+    for key, kind, used, why in (
+        ("algorithm.kl_penalty", spec.algorithm.kl_penalty, spec.algorithm.use_kl_in_reward, "use_kl_in_reward"),
+        ("actor_rollout_ref.actor.kl_loss_type", spec.actor_rollout_ref.actor.kl_loss_type,
+         spec.actor_rollout_ref.actor.use_kl_loss, "use_kl_loss"),
+    ):
+        if used and kind not in ENGINE_KL_TYPES:
+            issues.append(Issue(key, kind, f"attnboard's engine does not run the KL estimator {kind} (verl does; "
+                                           f"used because {why} is true); it runs "
+                                           f"{', '.join(sorted(ENGINE_KL_TYPES))}", severity=severity,
+                                valid=sorted(ENGINE_KL_TYPES)))
     return issues
 
 
@@ -701,10 +954,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0][:32]
 
 
-def validate_spec(data: Any, **model_info: Any) -> tuple[RunSpec, list[Issue]]:
+def validate_spec(data: Any, *, launch: bool = False, **model_info: Any) -> tuple[RunSpec, list[Issue]]:
     """parse_spec + check_spec: raises SpecError on any error, returns the spec and its warnings."""
     spec = parse_spec(data)
-    issues = check_spec(spec, **model_info)
+    issues = check_spec(spec, launch=launch, **model_info)
     errors = [i for i in issues if i.severity == "error"]
     if errors:
         raise SpecError(issues)

@@ -9,24 +9,31 @@ import re
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
 from worker.verl import ImportResult, VerlImportError, import_command, import_yaml
 
 Format = Literal["cli", "yaml"]
 MAX_SPEC_BYTES = 1_000_000
 
-_COMMAND_START = re.compile(r"^\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:\S*python[0-9.]*|\S*\.py|torchrun)\b")
-_OVERRIDE = re.compile(r"^\s*[+~]{0,2}[A-Za-z_][\w.]*=")
+_CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
 def detect_format(text: str) -> Format:
-    """``cli`` when the text is a command line (``python3 -m verl...``, ``k=v`` overrides), else ``yaml``."""
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        return "yaml"
-    first = lines[0]
-    if _COMMAND_START.match(first) or _OVERRIDE.match(first):
+    """``yaml`` when the whole text is a YAML mapping of config keys (``trainer:``, ``data.train_files:``,
+    JSON too), else ``cli``: a launch script (``#!/bin/bash``, ``set -x``, ``export X=1`` ... then the verl
+    command), a command line or a list of ``key=value`` overrides, which YAML reads as one string. An
+    empty text (or only comments) is ``yaml``: an empty config."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)  # composed only: aliases are not expanded here
+    except (yaml.YAMLError, RecursionError, ValueError):
         return "cli"
-    return "yaml"
+    if root is None:
+        return "yaml"
+    if isinstance(root, yaml.MappingNode) and all(
+            isinstance(key, yaml.ScalarNode) and _CONFIG_KEY.match(str(key.value)) for key, _ in root.value):
+        return "yaml"
+    return "cli"
 
 
 def load_spec_text(text: str, fmt: Literal["cli", "yaml", "auto"] = "auto") -> ImportResult:

@@ -1,9 +1,11 @@
-"""verl interop: a verl command line or YAML in, a RunSpec out, and back again.
+"""verl interop: a verl launch script, command line or YAML in, a RunSpec out, and back again.
 
 Pure logic, no I/O. Three layers, each undone exactly by its inverse on export:
 
-1. the shell: words, quotes, backslash-newline continuations, leading ``NAME=value`` environment
-   assignments and the ``python3 -m verl.trainer.main_ppo`` / ``python3 ppo_trainer.py`` entry point;
+1. the shell: the text is read as bash reads it (``worker.shell``: variables, ``${VAR:-default}``,
+   arrays, ``$((...))``, quotes, continuations, pipes, ``if``/``for``); the ``python3 -m
+   verl.trainer.main_ppo`` command's arguments are the overrides, every other command is ignored, and
+   what cannot be known without running the script (the environment, ``$@``, ``$(date)``) is listed;
 2. Hydra's override grammar: ``key=value``, ``+key=value`` (add), ``++key=value`` (add or replace),
    ``~key`` (delete), values typed as Hydra types them (null, bools, ints, floats, quoted strings,
    ``[lists]``, ``{dicts}``);
@@ -11,10 +13,12 @@ Pure logic, no I/O. Three layers, each undone exactly by its inverse on export:
    imported config; ``\\${`` is a literal ``${``.
 
 Keys are checked against the spec (``worker.spec``) and against verl 0.9.1's generated default config
-(``worker.verl_keys``): a key verl has but attnboard does not model is dropped with a warning, a key
-neither knows is an error suggesting the nearest valid key. Hydra's struct mode decides the ``+``:
-keys present in verl's default config are written bare, keys that are not (every ``override_config``
-sub-key, every ``attnboard.*`` key) need ``+``.
+(``worker.verl_keys``): a key verl has but attnboard does not model is kept in the spec's
+``verl_passthrough`` (passed through to verl, not run by attnboard) and exported unchanged, as is a key
+given with ``+`` that verl's config lacks; a key neither knows, given without ``+``, is an error
+suggesting the nearest valid key. Hydra's struct mode decides the ``+``: keys present in verl's default
+config are written bare, keys that are not (every ``override_config`` sub-key, every ``attnboard.*``
+key, every ``+`` pass-through key) need ``+``.
 """
 
 from __future__ import annotations
@@ -22,22 +26,33 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel
 
+from worker.shell import Command, Script, ShellError, Word, read_script
 from worker.spec import (
     ALIASES,
     DEFAULT_LOCAL_DIR,
     OPEN_DICT_FIELDS,
+    PASSTHROUGH,
+    PASSTHROUGH_NOTE,
     SPEC_KEYS,
+    SPEC_NAMES,
+    VERL_NAMES,
     RunSpec,
     SpecError,
+    classify_key,
     flatten,
     nearest_key,
+    nearest_verl_key,
+    needs_plus,
     parse_spec,
+    typed_like_verl,
     unflatten,
 )
 from worker.verl_keys import MANDATORY, VERL_DEFAULTS, VERL_VERSION
@@ -75,6 +90,14 @@ def engine_rollout_warning(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Results and errors
 
+_NON_SPACE = re.compile(r"\S*")
+
+
+def _word_end(text: str, at: int) -> int:
+    match = _NON_SPACE.match(text, at)
+    return match.end() if match else at + 1
+
+
 
 @dataclass(frozen=True)
 class ImportResult:
@@ -105,186 +128,181 @@ class VerlImportError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------
-# Layer 1: the shell
+# Layer 1: the shell (``worker.shell`` reads the script as bash would; here, the verl command is picked)
+
+
+MEGATRON_MESSAGE = (
+    "verl's Megatron backend ({what}) is not supported: attnboard imports verl's FSDP trainer "
+    "(verl.trainer.main_ppo with its ppo_trainer config; strategy fsdp, fsdp2 or fsdp_turbo)"
+)
+ENTRY_MESSAGE = (
+    "entry point {entry} is not supported: attnboard imports verl.trainer.main_ppo commands (verl's PPO trainer "
+    "with its ppo_trainer config); recipes such as DAPO and one-step-off-policy run trainers of their own"
+)
+NO_COMMAND_MESSAGE = (
+    "no verl command found: expected `python3 -m verl.trainer.main_ppo key=value ...` (or torchrun ... -m "
+    "verl.trainer.main_ppo, python3 path/main_ppo.py), or a list of key=value overrides"
+)
+ARGUMENTS_WARNING = "ignored: {word} (the arguments of the script it came from)"
+PPO_CONFIG_NAMES = ("ppo_trainer", "ppo_trainer.yaml")
+
+_WRAPPERS = {"env", "nohup", "exec", "time", "command", "stdbuf", "numactl", "taskset", "srun", "nice", "ionice"}
+_INTERPRETER = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
+_LAUNCHERS = {"torchrun"}
+_PY_FLAGS = re.compile(r"^-[BOuIsSEqd]+$")
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "--module", "--redirects"}
 
 
 @dataclass(frozen=True)
-class Word:
-    """One shell word: its text after quote removal, the original characters and where they start."""
+class _Entry:
+    """Where a python command's own arguments start, and what it runs."""
 
-    text: str
-    raw: str
-    position: int
+    name: str
+    """The module (after -m) or the script path."""
+    args: int
+    """Index of the first argument given to the module or script."""
+
+    @property
+    def is_main_ppo(self) -> bool:
+        return self.name == VERL_MODULE or self.name.rsplit("/", 1)[-1] in VERL_SCRIPTS
+
+    @property
+    def is_verl(self) -> bool:
+        base = self.name.rsplit("/", 1)[-1]
+        return (self.name.startswith(("verl.", "recipe.", "verl/", "recipe/")) or "/verl/" in self.name
+                or "/recipe/" in self.name or base.startswith("main_"))
 
 
-_SHELL_OPERATORS = "|&<>()`"
-SEPARATOR = "\n"
-"""The word ``shell_words`` emits where a command ends (an unescaped newline or ``;``)."""
-_SHELL_VAR = re.compile(r"\$(\{[^}]*\}?|[A-Za-z_][A-Za-z0-9_]*|\(|[0-9@*#?$!-])")
-
-
-def shell_words(text: str) -> list[Word]:
-    """Split a shell command line the way bash would, without expanding anything.
-
-    Backslash-newline joins lines; an unescaped newline or ``;`` ends a command and comes out as the
-    word ``SEPARATOR``. ``# comments`` are dropped. Shell variables, command substitution and other
-    operators are refused: their values are not known here (``$@`` and ``$*`` are kept as words).
-    """
-    words: list[Word] = []
-    buf: list[str] = []
-    start: int | None = None
-    i, n = 0, len(text)
-
-    def fail(message: str, at: int, end: int | None = None) -> VerlImportError:
-        stop = end if end is not None else _word_end(text, at)
-        return VerlImportError(message, text[at:stop], at)
-
-    def check_variable(at: int) -> None:
-        match = _SHELL_VAR.match(text, at)
-        if match and match.group(1) not in ("@", "*"):
-            raise fail(f"shell expansion {match.group(0)} is not expanded by the import: replace it with its value",
-                       at, match.end())
-
-    while i < n:
-        ch = text[i]
-        if ch == "\\" and text.startswith("\n", i + 1):
-            i += 2
-            continue
-        if ch == "\\" and text.startswith("\r\n", i + 1):
-            i += 3
-            continue
-        if ch in " \t\r\n;":
-            if start is not None:
-                words.append(Word("".join(buf), text[start:i], start))
-                buf, start = [], None
-            if ch in "\n;":
-                words.append(Word(SEPARATOR, ch, i))
+def _entry(command: Command) -> _Entry | None:
+    """The module or script a command runs with python (through env, nohup, torchrun, ray job submit ...)."""
+    words = [w.text for w in command.words]
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in _WRAPPERS:
             i += 1
-            continue
-        if ch == "#" and start is None:
-            while i < n and text[i] != "\n":
+            while i < len(words) and (words[i].startswith("-") or (w == "env" and "=" in words[i])):
+                i += 1
+            if w == "taskset" and i < len(words):
                 i += 1
             continue
-        if start is None:
-            start = i
-        if ch == "\\":
-            if i + 1 < n:
-                buf.append(text[i + 1])
+        if w == "ray" and words[i + 1:i + 3] == ["job", "submit"] and "--" in words[i:]:
+            i = words.index("--", i) + 1
+            continue
+        if w in ("uv", "conda", "poetry") and i + 1 < len(words) and words[i + 1] == "run":
             i += 2
-        elif ch == "'":
-            close = text.find("'", i + 1)
-            if close < 0:
-                raise fail("unbalanced single quote: no closing '", i, n)
-            buf.append(text[i + 1 : close])
-            i = close + 1
-        elif ch == '"':
-            j = i + 1
-            while True:
-                if j >= n:
-                    raise fail('unbalanced double quote: no closing "', i, n)
-                c = text[j]
-                if c == '"':
-                    break
-                if c == "\\" and j + 1 < n and text[j + 1] in '"\\$`\n':
-                    if text[j + 1] != "\n":
-                        buf.append(text[j + 1])
-                    j += 2
-                    continue
-                if c == "$":
-                    check_variable(j)
-                if c == "`":
-                    raise fail("command substitution with ` is not supported", j)
-                buf.append(c)
-                j += 1
-            i = j + 1
-        elif ch == "$":
-            check_variable(i)
-            buf.append(ch)
-            i += 1
-        elif ch in _SHELL_OPERATORS:
-            raise fail(f"shell operator {ch!r} is not supported: paste a single command", i, i + 1)
-        else:
-            buf.append(ch)
-            i += 1
-    if start is not None:
-        words.append(Word("".join(buf), text[start:], start))
-    return words
-
-
-_NON_SPACE = re.compile(r"\S*")
-
-
-def _word_end(text: str, at: int) -> int:
-    match = _NON_SPACE.match(text, at)
-    return match.end() if match else at + 1
-
-
-_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_INTERPRETER = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
-
-
-def _looks_like_overrides(command: list[Word]) -> bool:
-    return all("=" in w.text or w.text.startswith(("~", "[", "$")) or w.text.endswith("]") or w.text == "..."
-               for w in command)
-
-
-def _split_command(all_words: list[Word], warnings: list[str]) -> list[Word]:
-    """Pick the python command out of a pasted script and drop its environment assignments,
-    interpreter and entry point; return the override words.
-
-    Other commands before it (``set -x``, ``export ...``) are ignored with a warning; lines after it
-    that hold only overrides are read as its continuation (a lost trailing backslash); without a
-    python command every line is read as overrides.
-    """
-    commands: list[list[Word]] = [[]]
-    for word in all_words:
-        if word.text == SEPARATOR and word.raw in ("\n", ";"):
-            commands.append([])
-        else:
-            commands[-1].append(word)
-    commands = [c for c in commands if c]
-    main = next((k for k, c in enumerate(commands) if any(_INTERPRETER.match(w.text) for w in c)), None)
-    if main is None:
-        return [w for c in commands for w in c]  # a bare list of overrides
-    words = list(commands[main])
-    for k, command in enumerate(commands):
-        if k < main or (k > main and not _looks_like_overrides(command)):
-            warnings.append(f"ignored: shell command {' '.join(w.raw for w in command)[:80]}")
-        elif k > main:
-            words.extend(command)
-    interpreter = next(k for k, w in enumerate(words) if _INTERPRETER.match(w.text))
-    for word in words[:interpreter]:
-        if word.text == "env":
+            while i < len(words) and words[i].startswith("-"):
+                i += 1
             continue
-        if not _ENV_ASSIGNMENT.match(word.text):
-            raise VerlImportError(
-                f"expected environment assignments (NAME=value) before {words[interpreter].text}, got {word.text!r}",
-                word.raw, word.position)
-        warnings.append(f"ignored: environment variable {word.text.split('=', 1)[0]}")
-    k = interpreter + 1
-    entry: Word | None = None
-    while k < len(words):
-        word = words[k]
-        if word.text == "-m" and k + 1 < len(words):
-            entry = words[k + 1]
-            k += 2
-            break
-        if word.text in ("-X", "-W") and k + 1 < len(words):
-            k += 2
-            continue
-        if re.fullmatch(r"-[BOuIsSEq]+", word.text):
-            k += 1
-            continue
-        entry = word
-        k += 1
         break
-    if entry is None:
-        raise VerlImportError(f"expected -m {VERL_MODULE} or a script after the interpreter",
-                              words[interpreter].raw, words[interpreter].position)
-    name = entry.text
-    if name != VERL_MODULE and name.rsplit("/", 1)[-1] not in VERL_SCRIPTS:
-        warnings.append(f"entry point {name} is not {VERL_MODULE}: its keys are read as main_ppo's")
-    return words[k:]
+    if i >= len(words):
+        return None
+    first = command.words[i]
+    launcher = words[i] in _LAUNCHERS
+    if not (_INTERPRETER.match(words[i]) or launcher or (first.all_verbatim and "-m" in words[i + 1:i + 3])):
+        return None
+    i += 1
+    while i < len(words):
+        w = words[i]
+        if w in ("-m", "--module") or (launcher and w == "-m"):
+            return _Entry(words[i + 1], i + 2) if i + 1 < len(words) else None
+        if w in ("-X", "-W") and not launcher:
+            i += 2
+        elif not launcher and _PY_FLAGS.match(w):
+            i += 1
+        elif launcher and w.startswith("-"):
+            i += 1 if ("=" in w or w in _TORCHRUN_FLAGS) else 2
+        elif w == "-c":
+            return None
+        else:
+            if w in ("torch.distributed.run", "torch.distributed.launch"):
+                return None
+            return _Entry(w, i + 1)
+    return None
+
+
+def _looks_like_overrides(command: Command) -> bool:
+    return all("=" in w.text or w.text.startswith(("~", "[", "<")) or w.text.endswith(("]", ">"))
+               or w.text in _PLACEHOLDER_WORDS or w.all_verbatim for w in command.words)
+
+
+def _verl_words(script: Script, state: _State) -> list[Word]:
+    """The words of the script's verl command after its entry point (or of a bare list of overrides),
+    with a warning for every part of the script that is not read or not known."""
+    entries = [(c, _entry(c)) for c in script.commands]
+    mains = [(c, e) for c, e in entries if e is not None and e.is_main_ppo]
+    if not mains:
+        other = next(((c, e) for c, e in entries if e is not None and e.is_verl), None)
+        if other is not None:
+            command, entry = other
+            word = command.words[entry.args - 1]
+            raise VerlImportError(ENTRY_MESSAGE.format(entry=entry.name), word.raw, word.position)
+        if script.commands and all(_looks_like_overrides(c) for c in script.commands):
+            _shell_warnings(script, state, {id(c) for c in script.commands})
+            return [w for c in script.commands for w in c.words]
+        python = next(((c, e) for c, e in entries if e is not None and any("=" in w.text for w in c.words[e.args:])),
+                      None)
+        if python is not None:
+            command, entry = python
+            word = command.words[entry.args - 1]
+            raise VerlImportError(ENTRY_MESSAGE.format(entry=entry.name), word.raw, word.position)
+        first = script.commands[0].words[0] if script.commands else Word("", "", 0)
+        raise VerlImportError(NO_COMMAND_MESSAGE, first.raw or script_text_head(script), first.position)
+    if len(mains) > 1:
+        lines = ", ".join(str(c.line) for c, _ in mains)
+        command = mains[1][0]
+        loop = f" (the loop `{command.repeated}` runs it each time)" if command.repeated else ""
+        raise VerlImportError(f"the script runs verl.trainer.main_ppo {len(mains)} times, on lines {lines}{loop}: "
+                              "attnboard imports one run; keep the command you mean", command.raw[:80],
+                              command.position)
+    command, entry = mains[0]
+    if command.condition:
+        state.warn(f"the verl command (line {command.line}) runs only when `{command.condition}`, which the "
+                   "import cannot decide")
+    if command.repeated:
+        state.warn(f"the verl command (line {command.line}) runs in the loop `{command.repeated}`: the values "
+                   "imported are those of one pass")
+    for name, _ in command.assignments:
+        state.warn(f"ignored: environment variable {name}")
+    _shell_warnings(script, state, {id(command)})
+    return list(command.words[entry.args:])
+
+
+def script_text_head(script: Script) -> str:
+    return script.commands[0].raw[:40] if script.commands else ""
+
+
+def _shell_warnings(script: Script, state: _State, used: set[int]) -> None:
+    stray = [c for c in script.commands if id(c) not in used and c.words and "=" in c.name and _looks_like_overrides(c)]
+    for command in stray:
+        state.warn(f"line {command.line}: {command.raw[:80]} is a command of its own for bash (a backslash lost at "
+                   "the end of the line before?): verl does not get it, nor does the import")
+    ignored = [c.name for c in script.commands if id(c) not in used and c.name and c not in stray]
+    if ignored:
+        state.warn("ignored shell commands (not the verl command): " + ", ".join(dict.fromkeys(ignored)))
+    if script.environment:
+        state.warn("from the environment, kept verbatim: " + ", ".join(script.environment))
+    if script.defaults:
+        state.warn("from the environment, not set here, so the script's default is used: " + ", ".join(script.defaults))
+    if script.substitutions:
+        state.warn("command output, not known here, kept verbatim: " + ", ".join(script.substitutions))
+    for note in script.notes:
+        state.warn(note)
+
+
+def _shell_overrides(words: list[Word], state: _State) -> list[Word]:
+    """Words with parts not known here: the script's arguments (``"$@"``) and values from the environment
+    that hold whole words are left out with a warning; other unknown parts stay in the value, as written."""
+    out: list[Word] = []
+    for word in words:
+        if word.all_verbatim and word.text.startswith(("$@", "$*", "${@", "${*")):
+            state.warn(ARGUMENTS_WARNING.format(word=word.text))
+            continue
+        if word.all_verbatim and "=" not in word.text:
+            state.warn(f"ignored: {word.text} (its value is not known here: the overrides it holds are not imported)")
+            continue
+        out.append(word)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -555,12 +573,73 @@ def parse_hydra_value(text: str) -> Any:
         raise ValueError(str(exc)) from None
 
 
+_STRATEGY_KEYS = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy",
+                  "reward_model.strategy")
+
+
+def _protect(word: Word) -> tuple[str, dict[str, str]]:
+    """A word's text with each part not known here replaced by a token Hydra reads as plain characters
+    (private-use code points the text does not hold), and the tokens' original texts."""
+    mark = next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in word.text)
+    text: list[str] = []
+    tokens: dict[str, str] = {}
+    for segment in word.segments:
+        if segment.verbatim:
+            token = f"{mark}{len(tokens)}{mark}"
+            tokens[token] = segment.text
+            text.append(token)
+        else:
+            text.append(segment.text)
+    return "".join(text), tokens
+
+
+def _restore(value: Any, tokens: dict[str, str]) -> Any:
+    if not tokens:
+        return value
+    if isinstance(value, str):
+        for token, original in tokens.items():
+            value = value.replace(token, original)
+        return value
+    if isinstance(value, list):
+        return [_restore(v, tokens) for v in value]
+    if isinstance(value, dict):
+        return {_restore(k, tokens): _restore(v, tokens) for k, v in value.items()}
+    if isinstance(value, Interpolation):
+        return Interpolation(tuple(_restore(p, tokens) if isinstance(p, str) else (_restore(p[0], tokens),)
+                                   for p in value.parts))
+    return value
+
+
+def _hydra_option(text: str, words: list[Word], k: int, word: Word, warnings: list[str]) -> int:
+    """A ``--option`` on verl's command line: Hydra's config options are checked (only verl's
+    ppo_trainer config is read), the others refused. Returns the index of the next word."""
+    name, eq, value = text.partition("=")
+    if name in ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd"):
+        if not eq and k < len(words):
+            value = words[k].text
+            k += 1
+        if name in ("--config-name", "-cn"):
+            base = value.rsplit("/", 1)[-1]
+            if "megatron" in base:
+                raise VerlImportError(MEGATRON_MESSAGE.format(what=f"{name}={value}"), word.raw, word.position)
+            if base not in PPO_CONFIG_NAMES:
+                raise VerlImportError(
+                    f"{name}={value}: a config of your own is a file the import does not read; import that YAML "
+                    "file itself, or give its keys on the command line", word.raw, word.position)
+        warnings.append(f"ignored: Hydra option {name}; keys are read against verl's ppo_trainer defaults")
+        return k
+    if name in ("--multirun", "-m"):
+        warnings.append(f"ignored: Hydra option {name}")
+        return k
+    raise VerlImportError(f"unknown option {name}: expected key=value overrides", word.raw, word.position)
+
+
 def _parse_override_words(words: list[Word], warnings: list[str]) -> list[Override]:
     overrides: list[Override] = []
     k = 0
     while k < len(words):
         word = words[k]
-        text = word.text
+        text, tokens = _protect(word) if word.verbatim else (word.text, {})
         k += 1
         if text in _PLACEHOLDER_WORDS or (text.startswith(("[", "<")) and "=" not in text):
             parts = [word.raw]
@@ -568,22 +647,11 @@ def _parse_override_words(words: list[Word], warnings: list[str]) -> list[Overri
             while not parts[-1].endswith(closer) and k < len(words) and "=" not in words[k].text:
                 parts.append(words[k].raw)
                 k += 1
-            warnings.append(f"skipped placeholder {' '.join(parts)}")
-            continue
-        if text in ("$@", "$*"):
-            warnings.append(f"ignored: {text} (the arguments of the script it came from)")
+            warnings.append(f"skipped placeholder {' '.join(dict.fromkeys(parts))}")
             continue
         if text.startswith("-"):
-            name = text.split("=", 1)[0]
-            if name in ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd"):
-                if "=" not in text and k < len(words):
-                    k += 1
-                warnings.append(f"ignored: Hydra option {name}; keys are read against verl's ppo_trainer defaults")
-                continue
-            if name in ("--multirun", "-m"):
-                warnings.append(f"ignored: Hydra option {name}")
-                continue
-            raise VerlImportError(f"unknown option {name}: expected key=value overrides", word.raw, word.position)
+            k = _hydra_option(word.text, words, k, word, warnings)
+            continue
         op: Op
         if text.startswith("~"):
             op, body = "delete", text[1:]
@@ -595,19 +663,26 @@ def _parse_override_words(words: list[Word], warnings: list[str]) -> list[Overri
             op, body = "set", text
         key, eq, raw_value = body.partition("=")
         if not eq and op != "delete":
-            raise VerlImportError(f"expected key=value, got {text!r}: '=' is missing", word.raw, word.position)
+            raise VerlImportError(f"expected key=value, got {word.text!r}: '=' is missing", word.raw, word.position)
+        if any(token in key for token in tokens):
+            raise VerlImportError(f"the key of {word.text!r} is not known here (it holds a value from outside the "
+                                  "script)", word.raw, word.position)
         if "@" in key:
             raise VerlImportError(f"Hydra package overrides ({key}) are not supported", word.raw, word.position)
         if not _KEY.match(key):
             raise VerlImportError(f"invalid key {key!r}: expected dotted names such as data.train_batch_size",
                                   word.raw, word.position)
+        if f".{key}.".count(".megatron.") or key.startswith("megatron."):
+            raise VerlImportError(MEGATRON_MESSAGE.format(what=key), word.raw, word.position)
         value: Any = None
         if eq:
             try:
-                value = parse_hydra_value(raw_value)
+                value = _restore(parse_hydra_value(raw_value), tokens)
             except ValueError as exc:
-                raise VerlImportError(f"{key}: {exc}", word.raw, word.position) from None
-        overrides.append(Override(op, key, value, raw_value if eq else None, word))
+                raise VerlImportError(f"{key}: {_restore(str(exc), tokens)}", word.raw, word.position) from None
+            if key in _STRATEGY_KEYS and value == "megatron":
+                raise VerlImportError(MEGATRON_MESSAGE.format(what=f"{key}=megatron"), word.raw, word.position)
+        overrides.append(Override(op, key, value, _restore(raw_value, tokens) if eq else None, word))
     return overrides
 
 
@@ -626,16 +701,26 @@ def _field_annotations(model: type[BaseModel], prefix: str = "") -> dict[str, An
     return out
 
 
+def _holds_str(annotation: Any) -> bool:
+    """Whether a field takes a string (``str``, ``str | None``, ``Annotated[str, ...] | list[...]``)."""
+    if annotation is str:
+        return True
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _holds_str(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_holds_str(a) for a in typing.get_args(annotation))
+    return False
+
+
 _ANNOTATIONS = _field_annotations(RunSpec)
-_STRING_KEYS = frozenset(k for k, ann in _ANNOTATIONS.items() if ann is str or ann == (str | None))
-_MODELLED = frozenset(SPEC_KEYS) - frozenset(OPEN_DICT_FIELDS)
-_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in SPEC_KEYS for i in range(1, k.count(".") + 1))
-_VERL_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in VERL_DEFAULTS for i in range(1, k.count(".") + 1))
+_STRING_KEYS = frozenset(k for k, ann in _ANNOTATIONS.items() if _holds_str(ann))
 
 
 def _spec_tree(spec: RunSpec) -> dict[str, Any]:
     # Python mode, not JSON: JSON mode turns an override_config float inf into null.
-    return spec.model_dump()
+    tree = spec.model_dump()
+    tree.pop(PASSTHROUGH, None)
+    return tree
 
 
 def _spec_flat(spec: RunSpec) -> dict[str, Any]:
@@ -644,55 +729,17 @@ def _spec_flat(spec: RunSpec) -> dict[str, Any]:
 
 _SPEC_DEFAULTS = _spec_flat(RunSpec())
 
-VERL_NAMES: dict[str, str] = {
-    spec_key: verl_key
-    for spec_key, verl_key in (
-        ("actor_rollout_ref.actor.fsdp_config.turbo_cp_size",
-         "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.ulysses_parallel_size"),
-        ("critic.turbo_cp_size", "critic.fsdp.turbo_config.distributed.ulysses_parallel_size"),
-    )
-    if spec_key in SPEC_KEYS and verl_key in VERL_DEFAULTS
-}
-"""Spec keys that verl spells differently: FSDP-Turbo's CP group size is verl's
-``turbo_config.distributed.ulysses_parallel_size``. Read on import, written on export."""
-_SPEC_NAMES = {verl_key: spec_key for spec_key, verl_key in VERL_NAMES.items()}
-
 KEPT_INTERPOLATIONS: dict[str, str] = {"trainer.default_local_dir": DEFAULT_LOCAL_DIR}
 """verl defaults that are interpolations and that the spec keeps as text, resolved when the engine uses
 them (``worker.checkpoint.checkpoint_folder``): the import leaves the exact default unresolved, the export
 writes it unescaped, so verl reads it as its own default and a spec at verl's defaults round-trips."""
 
-Kind = Literal["spec", "open", "section", "verl", "hydra", "unknown"]
-
-
-def _open_field(key: str) -> str | None:
-    return next((f for f in OPEN_DICT_FIELDS if key == f or key.startswith(f + ".")), None)
-
-
-def _classify(key: str) -> Kind:
-    if key in _MODELLED:
-        return "spec"
-    if _open_field(key):
-        return "open"
-    if key in _SECTIONS:
-        return "section"
-    if key == "hydra" or key.startswith("hydra."):
-        return "hydra"
-    if key in VERL_DEFAULTS or key in _VERL_SECTIONS:
-        return "verl"
-    # Under a verl leaf whose default is an open dict or null (engine_kwargs.vllm: {}, ...).
-    parts = key.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        ancestor = ".".join(parts[:cut])
-        if ancestor in VERL_DEFAULTS:
-            return "verl" if VERL_DEFAULTS[ancestor] in ({}, None) else "unknown"
-    return "unknown"
-
 
 def _unknown_key_message(key: str) -> str:
-    near = nearest_key(key)
+    near = nearest_key(key) or nearest_verl_key(key)
     hint = f"; did you mean {near}?" if near else ""
-    return f"unknown key {key}: neither attnboard nor verl {VERL_VERSION} has it{hint}"
+    return (f"unknown key {key}: neither attnboard nor verl {VERL_VERSION} has it{hint} (write +{key}=... to add "
+            "a key verl's config lacks)")
 
 
 @dataclass
@@ -706,8 +753,9 @@ class _Given:
 class _State:
     given: dict[str, _Given] = field(default_factory=dict)
     """Modelled keys (override_config sub-keys dotted in full), in the order given."""
-    verl_only: dict[str, _Given] = field(default_factory=dict)
-    """Keys verl has and attnboard ignores; kept for interpolations."""
+    passthrough: dict[str, _Given] = field(default_factory=dict)
+    """Keys of verl's config that attnboard does not model (and ``+`` keys verl's config lacks, with their
+    ``+``): passed through to verl, not run by attnboard."""
     warnings: list[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:
@@ -716,18 +764,26 @@ class _State:
 
 
 def _assign(table: dict[str, _Given], key: str, given: _Given) -> None:
+    bare = key.lstrip("+")
     for other in list(table):
-        if other.startswith(key + "."):
+        other_bare = other.lstrip("+")
+        if other_bare.startswith(bare + "."):
             del table[other]
-        elif key.startswith(other + ".") and not isinstance(table[other].value, dict):
+        elif bare.startswith(other_bare + ".") and not isinstance(table[other].value, dict):
             del table[other]
+    table.pop("+" + bare, None)
+    table.pop(bare, None)
     table[key] = given
 
 
-def _delete(table: dict[str, _Given], key: str) -> None:
+def _delete(table: dict[str, _Given], key: str) -> bool:
+    found = False
     for other in list(table):
-        if other == key or other.startswith(key + "."):
+        bare = other.lstrip("+")
+        if bare == key or bare.startswith(key + "."):
             del table[other]
+            found = True
+    return found
 
 
 def _apply(state: _State, override: Override, *, command_line: bool) -> None:
@@ -735,32 +791,46 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
     if key in ALIASES:
         state.warn(f"{key} is deprecated in verl; read as {ALIASES[key]}")
         key = ALIASES[key]
-    key = _SPEC_NAMES.get(key, key)
-    kind = _classify(key)
+    key = SPEC_NAMES.get(key, key)
+    kind = classify_key(key)
+    given = _Given(override.value, override.raw_value, override.word)
     if kind == "section":
         if override.op == "delete":
-            for sub in [k for k in state.given if k.startswith(key + ".")]:
-                del state.given[sub]
-            state.warn(f"~{override.key}: reset to attnboard's defaults")
+            for table in (state.given, state.passthrough):
+                _delete(table, key)
+            state.warn(f"~{override.key}: reset to attnboard's and verl's defaults")
             return
         if not isinstance(override.value, dict):
-            raise VerlImportError(f"{key} is a section, not a value: give one of its keys, e.g. "
-                                  f"{next(k for k in SPEC_KEYS if k.startswith(key + '.'))}",
+            example = next(k for k in (*SPEC_KEYS, *VERL_DEFAULTS) if k.startswith(key + "."))
+            raise VerlImportError(f"{key} is a section, not a value: give one of its keys, e.g. {example}",
                                   override.word.raw, override.word.position)
         for sub, value in override.value.items():
             _apply(state, Override(override.op, f"{key}.{sub}", value, None, override.word), command_line=command_line)
         return
-    if kind == "unknown":
+    if kind == "under_value":
+        parent = key.rsplit(".", 1)[0]
+        raise VerlImportError(f"{key}: {parent} holds a value in verl's config, not a section",
+                              override.word.raw, override.word.position)
+    if kind == "unknown" and (key.split(".", 1)[0] == "attnboard" or (override.op == "set" and command_line)):
         raise VerlImportError(_unknown_key_message(key), override.word.raw, override.word.position)
-    if kind == "hydra":
-        state.warn(f"ignored: {key} configures Hydra itself")
-        return
-    if kind == "verl":
-        state.warn(f"ignored: attnboard does not model {key}")
+    if kind == "unknown" and not command_line:
+        near = nearest_key(key) or nearest_verl_key(key)
+        state.warn(f"{key} is not in verl {VERL_VERSION}'s config: a config file adds it (passed through as "
+                   f"+{key}){f'; did you mean {near}?' if near else ''}")
+    if kind in ("verl", "hydra", "unknown"):
+        stored = ("+" if needs_plus(key) else "") + key
+        if command_line and override.op == "add" and not needs_plus(key):
+            state.warn(f"verl rejects +{key}: the key exists in its default config; write {key}= or ++{key}=")
+        if command_line and override.op == "set" and needs_plus(key):
+            state.warn(f"verl needs +{key}: the key is not in its default config; the export adds the +")
         if override.op == "delete":
-            _delete(state.verl_only, key)
-        else:
-            _assign(state.verl_only, key, _Given(override.value, override.raw_value, override.word))
+            if not _delete(state.passthrough, key):
+                state.warn(f"~{key}: verl deletes the key from its config; attnboard keeps no record of it")
+            return
+        if kind == "verl":
+            given = _Given(typed_like_verl(key, override.value, override.raw_value), override.raw_value,
+                           override.word)
+        _assign(state.passthrough, stored, given)
         return
     if command_line:
         in_verl = override.key in VERL_DEFAULTS
@@ -775,7 +845,7 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
         return
     if key in state.given:
         state.warn(f"{key} is given twice; the last value wins")
-    _assign(state.given, key, _Given(override.value, override.raw_value, override.word))
+    _assign(state.given, key, given)
 
 
 def _lookup(state: _State, ref: str, key: str) -> Any:
@@ -792,9 +862,9 @@ def _lookup(state: _State, ref: str, key: str) -> Any:
     if target.startswith("."):
         target = key.rsplit(".", 1)[0] + target
     target = ALIASES.get(target, target)
-    for table in (state.given, state.verl_only):
-        if target in table:
-            return _kept(target, table[target].value)
+    for table, name in ((state.given, target), (state.passthrough, target), (state.passthrough, "+" + target)):
+        if name in table:
+            return _kept(target, table[name].value)
     for defaults in (_SPEC_DEFAULTS, VERL_DEFAULTS):
         if target in defaults:
             return _kept(target, defaults[target])
@@ -828,43 +898,59 @@ def _omegaconf_str(value: Any) -> str:
     return "None" if value is None else str(value)
 
 
-def _finish(state: _State, source_text: str) -> ImportResult:
-    flat: dict[str, Any] = {}
-    for key, given in state.given.items():
+def _resolved(state: _State, table: dict[str, _Given]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, given in table.items():
         if isinstance(given.value, Interpolation) and given.value.text() == KEPT_INTERPOLATIONS.get(key):
-            flat[key] = KEPT_INTERPOLATIONS[key]
+            out[key] = KEPT_INTERPOLATIONS[key]
             continue
         try:
-            value = _resolve(state, key, given.value)
+            out[key] = _resolve(state, key.lstrip("+"), given.value)
         except (KeyError, ValueError) as exc:
             message = exc.args[0] if exc.args else str(exc)
             raise VerlImportError(f"{key}: {message}", given.word.raw, given.word.position) from None
+    return out
+
+
+def _finish(state: _State, source_text: str) -> ImportResult:
+    flat = _resolved(state, state.given)
+    for key, value in flat.items():
+        raw = state.given[key].raw
         if key in _STRING_KEYS and isinstance(value, (bool, int, float)):
-            value = given.raw.strip() if given.raw is not None else str(value)
-        flat[key] = value
+            flat[key] = raw.strip() if raw is not None else str(value)
+    passthrough = _resolved(state, state.passthrough)
     try:
-        spec = parse_spec(flat)
+        spec = parse_spec({**flat, PASSTHROUGH: passthrough} if passthrough else flat)
     except SpecError as exc:
         errors = [i for i in exc.issues if i.severity == "error"] or exc.issues
         first = errors[0]
         word = _word_for(state, first.field) or Word(source_text[:80], source_text[:80], 0)
         message = "; ".join(f"{i.field}: {i.message}" for i in errors)
+        if "$" in message and any(isinstance(i.value, str) and "$" in i.value for i in errors):
+            message += " (a value from the environment or the script's arguments is not known here)"
         raise VerlImportError(message, word.raw, word.position, issues=errors) from None
     if "attn_implementation" in spec.critic.model.override_config:
         state.warn(CRITIC_ATTN_WARNING)
     if "actor_rollout_ref.rollout.name" in flat:
         name = spec.actor_rollout_ref.rollout.name
         state.warn(HF_ROLLOUT_WARNING if name == "hf" else engine_rollout_warning(name))
+    if spec.verl_passthrough:
+        state.warn(f"{PASSTHROUGH_NOTE}: {', '.join(spec.verl_passthrough)}")
     return ImportResult(spec=spec, warnings=state.warnings, overrides=flat)
 
 
 def _word_for(state: _State, field_name: str) -> Word | None:
+    if field_name.startswith(PASSTHROUGH + "."):
+        field_name = field_name[len(PASSTHROUGH) + 1:]
     best: tuple[int, Word] | None = None
-    for key, given in state.given.items():
-        if key == field_name or field_name.startswith(key + ".") or key.startswith(field_name + "."):
-            score = len(key) if field_name.startswith(key) else len(field_name)
-            if best is None or score > best[0]:
-                best = (score, given.word)
+    for table in (state.given, state.passthrough):
+        for stored, given in table.items():
+            key = stored.lstrip("+")
+            bare_field = field_name.lstrip("+")
+            if key == bare_field or bare_field.startswith(key + ".") or key.startswith(bare_field + "."):
+                score = len(key) if bare_field.startswith(key) else len(bare_field)
+                if best is None or score > best[0]:
+                    best = (score, given.word)
     return best[1] if best else None
 
 
@@ -876,10 +962,17 @@ def _check_size(text: str) -> None:
 
 
 def import_command(text: str) -> ImportResult:
-    """A verl command line (or a bare list of ``key=value`` overrides) -> a spec and its warnings."""
+    """A verl launch script, command line or bare list of ``key=value`` overrides -> a spec and its warnings.
+
+    The text is read as bash reads it (``worker.shell``); the ``python3 -m verl.trainer.main_ppo``
+    command's arguments are the overrides, every other command is ignored."""
     _check_size(text)
     state = _State()
-    words = _split_command(shell_words(text), state.warnings)
+    try:
+        script = read_script(text)
+    except ShellError as exc:
+        raise VerlImportError(exc.message, exc.token, exc.position) from None
+    words = _shell_overrides(_verl_words(script, state), state)
     for override in _parse_override_words(words, state.warnings):
         _apply(state, override, command_line=True)
     return _finish(state, text)
@@ -995,9 +1088,13 @@ def import_yaml(text: str) -> ImportResult:
                               text[:40], root.start_mark.index)
     body = []
     for key_node, value_node in root.value:
-        if isinstance(key_node, yaml.ScalarNode) and key_node.value == "hydra" and _is_verl_searchpath(
-                loader.construct_object(value_node, deep=True)):
-            continue
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == "hydra" and isinstance(
+                value_node, yaml.MappingNode):
+            value_node.value = [(k, v) for k, v in value_node.value
+                                if not (isinstance(k, yaml.ScalarNode) and k.value == "searchpath" and _is_verl_searchpath(
+                                    {"searchpath": loader.construct_object(v, deep=True)}))]
+            if not value_node.value:
+                continue
         if isinstance(key_node, yaml.ScalarNode) and key_node.value == "defaults":
             names = loader.construct_object(value_node, deep=True)
             if not (isinstance(names, list) and "ppo_trainer" in names):
@@ -1067,6 +1164,8 @@ def _export_items(spec: RunSpec, *, full: bool) -> list[tuple[str, Any]]:
         verl_default = VERL_DEFAULTS.get(verl_key, _SPEC_DEFAULTS[key])
         if full or verl_default == MANDATORY or not _same(value, verl_default) or not _same(value, _SPEC_DEFAULTS[key]):
             items.append((verl_key, value))
+    # Every pass-through key, as given: a key verl's config lacks keeps its + (see split_passthrough).
+    items.extend(spec.verl_passthrough.items())
     return items
 
 
@@ -1078,7 +1177,7 @@ def _export_warnings(spec: RunSpec, keys: list[str]) -> list[str]:
     warnings: list[str] = []
     if "attn_implementation" in spec.critic.model.override_config:
         warnings.append(CRITIC_ATTN_WARNING)
-    if any(k not in VERL_DEFAULTS and not _open_field(k) for k in keys):
+    if any(k.startswith("attnboard.") for k in keys):
         warnings.append(ATTNBOARD_KEYS_WARNING)
     name = spec.actor_rollout_ref.rollout.name
     warnings.append(HF_ROLLOUT_WARNING if name == "hf" else engine_rollout_warning(name))
@@ -1087,8 +1186,9 @@ def _export_warnings(spec: RunSpec, keys: list[str]) -> list[str]:
 
 def export_command(spec: RunSpec, *, entrypoint: str = DEFAULT_ENTRYPOINT, full: bool = False) -> ExportResult:
     """The spec as a verl command line, one override per line. Keys in verl's default config are
-    written bare, the others (override_config sub-keys, attnboard.*) with ``+``. Without ``full``,
-    only keys that differ from verl's defaults, plus the mandatory ones."""
+    written bare, the others (override_config sub-keys, attnboard.*, pass-through keys verl's config
+    lacks) with ``+``. Without ``full``, only modelled keys that differ from verl's defaults, plus the
+    mandatory ones; the pass-through keys are always written."""
     items = _export_items(spec, full=full)
     lines = [entrypoint]
     warnings: list[str] = []
@@ -1098,11 +1198,15 @@ def export_command(spec: RunSpec, *, entrypoint: str = DEFAULT_ENTRYPOINT, full:
         except TypeError as exc:
             warnings.append(f"skipped {key}: {exc}")
             continue
-        if not _KEY.match(key):
+        bare = key.lstrip("+")
+        if "\x00" in text:
+            warnings.append(f"skipped {key}: a NUL character cannot be passed on a command line")
+            continue
+        if not _KEY.match(bare):
             warnings.append(f"skipped {key}: not a dotted key Hydra can read")
             continue
-        plus = "" if key in VERL_DEFAULTS else "+"
-        lines.append("    " + shlex.quote(f"{plus}{key}={text}"))
+        plus = "+" if key.startswith("+") or (bare not in VERL_DEFAULTS and classify_key(bare) != "hydra") else ""
+        lines.append("    " + shlex.quote(f"{plus}{bare}={text}"))
     warnings = _export_warnings(spec, [k for k, _ in items]) + warnings
     return ExportResult(text=" \\\n".join(lines) + "\n", warnings=warnings)
 
@@ -1128,11 +1232,11 @@ def export_yaml(spec: RunSpec, *, full: bool = True) -> ExportResult:
     ``python3 -m verl.trainer.main_ppo --config-path=DIR --config-name=FILE`` runs it. No ``+`` is
     needed in a config file: composition may add keys that the defaults lack."""
     items = _export_items(spec, full=full)
-    tree = unflatten({k: _Unescaped(v) if k in KEPT_INTERPOLATIONS and v == KEPT_INTERPOLATIONS[k] else v
-                     for k, v in items})
+    tree = unflatten({k.lstrip("+"): _Unescaped(v) if k in KEPT_INTERPOLATIONS and v == KEPT_INTERPOLATIONS[k] else v
+                      for k, v in items})
     keys = [k for k, _ in items]
     document = {
-        "hydra": _VERL_SEARCHPATH,
+        "hydra": {**_VERL_SEARCHPATH, **_tree_for_yaml(tree.pop("hydra", {}))},
         "defaults": ["ppo_trainer", "_self_"],
         **_tree_for_yaml(tree),
     }

@@ -10,14 +10,43 @@ from enum import Enum
 
 
 class AdvEstimator(str, Enum):
+    """verl 0.9.1's advantage estimators (``verl.trainer.ppo.core_algos.AdvantageEstimator``), all accepted in
+    a spec; attnboard's engine runs those in ``ENGINE_ADV_ESTIMATORS`` (``engine_issues`` refuses the rest)."""
+
     gae = "gae"
     grpo = "grpo"
+    reinforce_plus_plus = "reinforce_plus_plus"
+    reinforce_plus_plus_baseline = "reinforce_plus_plus_baseline"
+    remax = "remax"
+    rloo = "rloo"
+    opo = "opo"
+    grpo_passk = "grpo_passk"
+    gpg = "gpg"
+    rloo_vectorized = "rloo_vectorized"
+    grpo_vectorized = "grpo_vectorized"
+    optimal_token_baseline = "optimal_token_baseline"
+    tir_optimal_token_baseline = "tir_optimal_token_baseline"
+    gdpo = "gdpo"
 
 
 class KLType(str, Enum):
-    """KL estimators (verl ``kl_penalty`` / ``kl_loss_type``); see http://joschu.net/blog/kl-approx.html."""
+    """KL estimators as verl 0.9.1's ``kl_penalty`` reads ``algorithm.kl_penalty`` / ``actor.kl_loss_type``;
+    see http://joschu.net/blog/kl-approx.html. ``k1``/``k2``/``k3`` are other names of ``kl``/``mse``/
+    ``low_var_kl``; a trailing ``+`` keeps the forward value and takes k2's gradient (straight through)."""
 
     kl = "kl"
     abs = "abs"
     mse = "mse"
     low_var_kl = "low_var_kl"
+    full = "full"
+    k1 = "k1"
+    k2 = "k2"
+    k3 = "k3"
+    kl_st = "kl+"
+    abs_st = "abs+"
+    mse_st = "mse+"
+    low_var_kl_st = "low_var_kl+"
+    full_st = "full+"
+    k1_st = "k1+"
+    k2_st = "k2+"
+    k3_st = "k3+"

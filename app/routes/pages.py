@@ -34,7 +34,8 @@ from app.run_form import ATTENTION_HELP, FIELDS, FormError, form_to_spec_data, g
 from app.web import STATIC_DIR, add_security_headers, render, templates
 from worker.environment import PROFILES, Environment
 from worker.resolution import Resolution, resolve
-from worker.spec import Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
+from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
+from worker.specfile import detect_format
 from worker.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -156,6 +157,8 @@ class FormState:
             "probe_label": self.probe.label if self.probe is not None else None,
             "attention_help": ATTENTION_HELP,
             "export": None,
+            "passthrough": self.spec.verl_passthrough if self.spec is not None and not self.errors else {},
+            "passthrough_note": PASSTHROUGH_NOTE,
             **extra,
         }
 
@@ -198,7 +201,7 @@ async def preview(request: Request, _: PageUser, session: SessionDep) -> Respons
 async def import_verl(request: Request, _: PageUser) -> Response:
     form = _multi(await request.form())
     text = (form.get("verl_text") or [""])[-1]
-    importer = import_yaml if _looks_like_yaml(text) else import_command
+    importer = import_yaml if detect_format(text) == "yaml" else import_command
     try:
         result = importer(text)
     except VerlImportError as exc:
@@ -213,17 +216,6 @@ async def import_verl(request: Request, _: PageUser) -> Response:
     return render(request, "run_new.html",
                   {**page_context(request), **state.context(verl_text=text, import_notes=notes, import_open=True)},
                   block="form_area")
-
-
-def _looks_like_yaml(text: str) -> bool:
-    """A verl command has ``key=value`` words; YAML has ``key:`` lines and no ``=`` before them."""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        head = stripped.split()[0]
-        return "=" not in head and head.endswith(":") or (":" in head and "=" not in head and not head.startswith("python"))
-    return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -346,7 +338,8 @@ def _load_view(session: Session, run: Run) -> RunView:
 def _run_context(request: Request, session: Session, run: Run) -> dict[str, Any]:
     view = _load_view(session, run)
     return {**page_context(request), "run": run, "view": view, "charts": CHARTS, "eta": format_eta(view.eta_seconds),
-            "eager_roles": eager_roles(run, view), **checkpoint_context(request, run, view)}
+            "eager_roles": eager_roles(run, view), "passthrough": passthrough_of(run),
+            "passthrough_note": PASSTHROUGH_NOTE, **checkpoint_context(request, run, view)}
 
 
 def checkpoint_context(request: Request, run: Run, view: RunView) -> dict[str, Any]:
@@ -357,6 +350,12 @@ def checkpoint_context(request: Request, run: Run, view: RunView) -> dict[str, A
     resumable = [c for c in listed.data if c.resumable]
     offer = view.status in checkpoints_service.RESUMABLE_STATUSES and resumable
     return {"checkpoints": listed, "resume_from": resumable[-1] if offer else None}
+
+
+def passthrough_of(run: Run) -> dict[str, Any]:
+    """The run's verl keys that attnboard does not run (its stored spec's ``verl_passthrough``)."""
+    value = run.spec.get("verl_passthrough") if isinstance(run.spec, dict) else None
+    return value if isinstance(value, dict) else {}
 
 
 def eager_roles(run: Run, view: RunView) -> list[str]:

@@ -7,15 +7,16 @@ parser against alias bombs and runaway nesting before the text reaches it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from app.errors import AppError
 from worker.environment import PROFILES, Environment, UnknownProfileError, get_profile
-from worker.resolution import resolve
 from worker import verl
-from worker.spec import Issue, RunSpec, SpecError, check_spec, parse_spec, spec_to_tree
+from worker.preview import preview
+from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec, spec_to_tree
 from worker.specfile import detect_format
 
 ImportFormat = Literal["cli", "yaml", "auto"]
@@ -49,15 +50,19 @@ def environment_of(value: str | dict[str, Any]) -> Environment:
         raise AppError(422, "invalid_environment", message, field=field, value=value) from None
 
 
-def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any]) -> dict[str, Any]:
-    """Per-role resolution of ``spec`` on ``environment`` plus the spec's cross-field issues."""
+def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any],
+                    model_roots: list[Path] | None = None) -> dict[str, Any]:
+    """Per-role resolution of ``spec`` on ``environment`` plus every issue a launch would refuse
+    (``worker.preview.preview``, the function ``attnboard resolve`` runs): the model's head counts are
+    read from its config.json when it lies in ``model_roots``."""
     env = environment_of(environment)
     try:
         run_spec = parse_spec(spec)
     except SpecError as exc:
         raise AppError.from_spec_error(exc) from None
-    issues = check_spec(run_spec)
-    return {"resolution": resolve(run_spec, env).to_dict(), "issues": issue_dicts(issues)}
+    result = preview(run_spec, env, model_roots=list(model_roots or []))
+    return {"resolution": result.resolution.to_dict(), "issues": issue_dicts(result.issues),
+            PASSTHROUGH: run_spec.verl_passthrough, "passthrough_note": PASSTHROUGH_NOTE}
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,7 +138,8 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
     spec = result.spec
     tree = spec_to_tree(spec) if isinstance(spec, RunSpec) else spec
     return {"format": fmt, "spec": tree, "warnings": _plain(result.warnings),
-            "overrides": _plain(getattr(result, "overrides", None))}
+            "overrides": _plain(getattr(result, "overrides", None)),
+            PASSTHROUGH: _plain(spec.verl_passthrough), "passthrough_note": PASSTHROUGH_NOTE}
 
 
 # --------------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def create_run(session: Session, *, data: RunCreate, launcher: Launcher | None =
 
 def _insert_run(session: Session, *, source: Any, name: str, spec_id: int | None, environment: Any,
                 retry_of: int | None, launcher: Launcher | None) -> Run:
-    spec, tree, _ = validated_spec(source)
+    spec, tree, _ = validated_spec(source, launch=True)
     run = Run(name=name, spec_id=spec_id, spec=tree, environment=environment, retry_of=retry_of,
               total_steps=spec.total_steps)
     session.add(run)

@@ -150,3 +150,74 @@ def test_token_create_rejects_an_unknown_scope(tmp_path):
     proc = run("token", "create", "x", "--scope", "admin", "--json", env={"ATTNBOARD_DATA_DIR": str(tmp_path)})
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["error"]["valid"] == ["read", "write"]
+
+
+# --------------------------------------------------------------------------------------------
+# resolve runs the checks of POST /api/resolve (one function: worker.preview.preview)
+
+# Qwen2.5-0.5B's config.json: 14 attention heads, 2 key/value heads.
+QWEN2_05B_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "use_sliding_window": False, "hidden_act": "silu",
+}
+HEADS_ERRORS = [
+    "[actor] ulysses_sequence_parallel_size (4) must divide the model's num_attention_heads (14, Qwen2ForCausalLM)",
+    "[actor] ulysses_sequence_parallel_size (4) must divide the model's num_key_value_heads (2, Qwen2ForCausalLM)",
+]
+
+
+def _sp4_spec(tmp_path: Path) -> tuple[Path, dict]:
+    model = tmp_path / "models" / "qwen2-0.5b"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(QWEN2_05B_CONFIG))
+    spec = {"actor_rollout_ref.model.path": str(model),
+            "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": 4,
+            "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+            "algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 2,
+            "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+            "trainer.n_gpus_per_node": 8}
+    return model, spec
+
+
+def test_resolve_sp4_on_a_14_head_2_kv_head_model_is_exit_2_naming_both(tmp_path):
+    _, spec = _sp4_spec(tmp_path)
+    spec_file = tmp_path / "sp4.json"
+    spec_file.write_text(json.dumps(spec))
+    proc = run("resolve", str(spec_file), "--env", "cuda-sm90-fa2", "--json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [i["message"] for i in json.loads(proc.stdout)["issues"] if i["severity"] == "error"]
+    assert errors == HEADS_ERRORS
+    table = run("resolve", str(spec_file), "--env", "cuda-sm90-fa2")
+    assert table.returncode == 2 and all(e in table.stderr for e in HEADS_ERRORS)
+
+
+def test_resolve_over_http_reports_the_same_issues(tmp_path, make_client, session):
+    from tests.conftest import _token_headers
+
+    model, spec = _sp4_spec(tmp_path)
+    client = make_client(MODEL_ROOTS=[model.parent])
+    headers = _token_headers(session, ["read"])
+    body = client.post("/api/resolve", json={"spec": spec, "environment": "cuda-sm90-fa2"}, headers=headers).json()
+    assert [i["message"] for i in body["issues"] if i["severity"] == "error"] == HEADS_ERRORS
+    # outside the allowed roots the folder is not read: said, not guessed
+    other = make_client()
+    body = other.post("/api/resolve", json={"spec": spec, "environment": "cuda-sm90-fa2"}, headers=headers).json()
+    assert [i["severity"] for i in body["issues"]] == ["warning"]
+    assert "ATTNBOARD_MODEL_ROOTS" in body["issues"][0]["message"]
+
+
+def test_resolve_sp3_on_8_gpus_is_exit_2(tmp_path):
+    spec_file = tmp_path / "sp3.yaml"
+    spec_file.write_text("actor_rollout_ref:\n  actor:\n    fsdp_config:\n      ulysses_sequence_parallel_size: 3\n")
+    proc = run("resolve", str(spec_file), "--json")
+    assert proc.returncode == 2
+    assert "must divide the world size (8" in proc.stdout
+
+
+def test_import_of_a_launch_script_lists_the_pass_through(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "worker" / "fixtures" / "verl_scripts" / "dapo_style_main_ppo.sh"
+    data = json.loads(run("import", str(script), "--json").stdout)
+    assert data["spec"]["verl_passthrough"]["+reward_model.reward_kwargs.overlong_buffer_cfg.len"] == 4096
+    assert data["verl_passthrough"] == data["spec"]["verl_passthrough"]

@@ -34,11 +34,13 @@ def form_data(html: str) -> dict[str, str]:
     """What a browser would submit for the run form as rendered (last value wins, as the app reads it)."""
     page = soup(html)
     data: dict[str, str] = {}
-    for el in page.select("#run-form input, #run-form select"):
+    for el in page.select("#run-form input, #run-form select, #run-form textarea"):
         name = el.get("name")
         if not name:
             continue
-        if el.name == "select":
+        if el.name == "textarea":
+            data[name] = el.get_text()
+        elif el.name == "select":
             chosen = el.select_one("option[selected]") or el.select_one("option")
             data[name] = chosen["value"] if chosen else ""
         elif el.get("type") == "checkbox":
@@ -427,3 +429,66 @@ def test_compare_takes_the_lists_checkboxes(client, session):
     b = stored_run(session, name="b", events=engine_events("critic_fallback"))
     page = soup(client.get(f"/compare?ids={a}&ids={b}").text)
     assert [tr["data-run"] for tr in page.select("table.compare tbody tr")] == [str(a), str(b)]
+
+
+# --------------------------------------------------------------------------------------------
+# verl keys attnboard does not model: kept, shown, launched with, listed on the run page (issue 10, 12)
+
+SCRIPT = """set -x
+MODEL=${MODEL:-builtin:tiny-llama}
+python3 -m verl.trainer.main_ppo \\
+    data.train_files=builtin:count \\
+    data.val_files=$HOME/data/test.parquet \\
+    data.train_batch_size=4 \\
+    actor_rollout_ref.model.path=$MODEL \\
+    critic.model.path=$MODEL \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 \\
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \\
+    +reward_model.reward_kwargs.max_resp_len=512 \\
+    trainer.logger='["console","wandb"]' \\
+    trainer.device=cpu trainer.n_gpus_per_node=1 trainer.total_training_steps=1 $@ 2>&1 | tee run.log
+"""
+PASSED_KEYS = {"data.val_files": "$HOME/data/test.parquet", "actor_rollout_ref.rollout.gpu_memory_utilization": 0.4,
+               "+reward_model.reward_kwargs.max_resp_len": 512, "trainer.logger": ["console", "wandb"]}
+
+
+def _passthrough_rows(html: str) -> dict[str, object]:
+    rows = soup(html).select("#passthrough table.passthrough-keys tr")
+    return {r.select_one("th").get_text(strip=True): json.loads(r.select_one("td").get_text(strip=True)) for r in rows}
+
+
+def test_imported_pass_through_keys_are_shown_launched_and_listed(client, session):
+    csrf = login(client, session, ["read", "write"])
+    resp = client.post("/runs/import", data={"verl_text": SCRIPT, "csrf_token": csrf}, headers={"HX-Request": "true"})
+    assert resp.status_code == 200, resp.text
+    form = soup(resp.text)
+    notes = form.select_one("#import-notes").get_text(" ", strip=True)
+    assert "passed through to verl, not run by attnboard: data.val_files" in notes
+    assert "from the environment, kept verbatim: HOME" in notes
+    assert form.select_one("textarea[name='verl_passthrough']").get_text().startswith("data.val_files: $HOME/data/")
+    assert _passthrough_rows(resp.text) == PASSED_KEYS
+    data = form_data(resp.text) | {"name": "with pass-through", "csrf_token": csrf}
+    preview = client.post("/runs/preview", data=data, headers={"HX-Request": "true"})
+    assert _passthrough_rows(preview.text) == PASSED_KEYS
+    launched = client.post("/runs", data=data, follow_redirects=False)
+    assert launched.status_code == 303, launched.text
+    run_page = client.get(launched.headers["location"])
+    assert _passthrough_rows(run_page.text) == PASSED_KEYS
+    heading = soup(run_page.text).select_one("#passthrough h3").get_text(" ", strip=True)
+    assert heading == "Passed through to verl, not run by attnboard (4)"
+    run_id = int(launched.headers["location"].rsplit("/", 1)[1])
+    detail = client.get(f"/api/runs/{run_id}").json()
+    assert detail["spec"]["verl_passthrough"] == PASSED_KEYS
+    exported = client.get(f"/api/runs/{run_id}/export", params={"format": "cli"}).json()["text"]
+    assert "    +reward_model.reward_kwargs.max_resp_len=512 \\" in exported.splitlines()
+
+
+def test_a_launch_refuses_what_the_engine_does_not_run(client, write_headers):
+    spec = {"algorithm.adv_estimator": "rloo", "actor_rollout_ref.rollout.n": 2}
+    resp = client.post("/api/runs", json={"spec": spec}, headers=write_headers)
+    assert resp.status_code == 422
+    error = resp.json()["error"]
+    assert error["field"] == "spec.algorithm.adv_estimator"
+    assert "attnboard's engine does not run adv_estimator rloo (verl does); it runs gae, grpo" in error["message"]
+    saved = client.post("/api/specs", json={"name": "rloo", "spec": spec}, headers=write_headers)
+    assert saved.status_code == 201  # a spec may hold it (preview, import and export accept it)

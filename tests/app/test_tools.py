@@ -49,7 +49,8 @@ def test_resolve_tells_the_rollout_engine_apart(client, read_headers, rollout_na
 def test_resolve_reports_cross_field_issues(client, read_headers):
     spec = {"data.train_batch_size": 10, "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "trainer.n_gpus_per_node": 1}
     body = client.post("/api/resolve", json={"spec": spec, "environment": "cpu"}, headers=read_headers).json()
-    assert [(i["field"], i["message"]) for i in body["issues"]] == [
+    # (the warnings say the model folder was not read: not inside ATTNBOARD_MODEL_ROOTS)
+    assert [(i["field"], i["message"]) for i in body["issues"] if i["severity"] == "error"] == [
         ("spec.actor_rollout_ref.actor.ppo_mini_batch_size",
          "[actor] data.train_batch_size (10) must be divisible by ppo_mini_batch_size (4)")]
 

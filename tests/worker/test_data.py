@@ -111,6 +111,18 @@ def test_parquet_round_trip_matches_the_builtin_task(tmp_path, tok):
     assert from_file == from_code
 
 
+def test_a_list_of_files_is_one_dataset_as_in_verl(tmp_path, tok):
+    """data.train_files=[a.parquet,b.parquet]: every row of both files, shuffled together."""
+    a = data.export_builtin_task("builtin:copy", tmp_path / "a.parquet", seed=1, n=6)
+    b = data.export_builtin_task("builtin:count", tmp_path / "b.parquet", seed=2, n=4)
+    both = data.load_prompts([str(a), str(b)], tok, 32, seed=0)
+    assert len(both) == 10
+    expected = data.load_prompts(str(a), tok, 32, seed=0) + data.load_prompts(str(b), tok, 32, seed=0)
+    assert sorted(p.prompt_text for p in both) == sorted(p.prompt_text for p in expected)
+    with pytest.raises(data.DataError, match="does not exist"):
+        data.load_prompts([str(a), str(tmp_path / "missing.parquet")], tok, 32, seed=0)
+
+
 def test_parquet_ground_truth_of_another_type_is_read_as_text(tmp_path, tok):
     rows = [{"prompt": [{"role": "user", "content": "what is 3+4?"}], "data_source": "openai/gsm8k",
              "reward_model": {"style": "rule", "ground_truth": 7}}]

@@ -286,3 +286,16 @@ def test_model_roots_from_env(tmp_path):
     value = os.pathsep.join([str(tmp_path / "a"), "", str(tmp_path / "b")])
     assert models.model_roots_from_env(value) == [tmp_path / "a", tmp_path / "b"]
     assert models.model_roots_from_env(None) == []
+
+
+def test_the_torch_free_preset_numbers_are_the_presets():
+    """worker.model_config gives the preview a preset's heads without building it: the same numbers."""
+    from worker.model_config import BUILTIN_ARCHITECTURES, preset_info
+
+    assert set(BUILTIN_ARCHITECTURES) == set(models.PRESETS)
+    for name, preset in models.PRESETS.items():
+        config = preset.config_class(**preset.config_kwargs)
+        info = preset_info(name)
+        assert info.architecture == preset.config_class.__name__.replace("Config", "ForCausalLM")
+        assert (info.num_attention_heads, info.num_key_value_heads) == (config.num_attention_heads,
+                                                                         config.num_key_value_heads)

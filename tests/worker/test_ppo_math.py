@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker import ppo_math as pm
-from worker.spec import AdvEstimator, KLType
+from worker.spec import ENGINE_ADV_ESTIMATORS, ENGINE_KL_TYPES, AdvEstimator, KLType
 
 # --------------------------------------------------------------------------------------------
 # Masked statistics
@@ -128,8 +129,29 @@ def test_registry_refuses_a_second_registration_and_lists_valid_names():
     with pytest.raises(ValueError, match="'gae' is already registered"):
         pm.register_adv_est(AdvEstimator.gae)(lambda *a: a)
     assert pm.get_adv_estimator_fn("gae") is pm.compute_gae_advantage_return
-    with pytest.raises(ValueError, match=r"'rloo' is unknown; valid: gae, grpo"):
+    # rloo is one of verl's estimators (a spec may hold it); the engine has no implementation of it
+    with pytest.raises(ValueError, match=r"'rloo' has no implementation; valid: gae, grpo"):
         pm.get_adv_estimator_fn("rloo")
+    with pytest.raises(ValueError, match=r"'nope' is unknown; valid: gae, grpo, reinforce_plus_plus"):
+        pm.get_adv_estimator_fn("nope")
+
+
+def test_engine_sets_in_the_spec_are_the_registries():
+    """The spec's launch check (engine_issues) refuses exactly what these registries lack."""
+    assert {k.value for k in pm.ADV_ESTIMATORS} == ENGINE_ADV_ESTIMATORS
+    assert {k.value for k in pm.KL_ESTIMATORS} == ENGINE_KL_TYPES
+
+
+@pytest.mark.parametrize("alias,name", [("k1", "kl"), ("k2", "mse"), ("k3", "low_var_kl")])
+def test_kl_aliases_are_verls_other_names(alias, name):
+    logprob, ref = torch.tensor([[-0.3, -2.0]]), torch.tensor([[-1.1, -0.5]])
+    assert torch.equal(pm.kl_penalty(logprob, ref, alias), pm.kl_penalty(logprob, ref, name))
+
+
+@pytest.mark.parametrize("kind", ["full", "k3+", "low_var_kl+"])
+def test_kl_types_the_engine_does_not_run_are_named(kind):
+    with pytest.raises(ValueError, match=rf"'{re.escape(kind)}' is not implemented by attnboard's engine; valid: kl"):
+        pm.kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), kind)
 
 
 # --------------------------------------------------------------------------------------------

@@ -433,7 +433,8 @@ class Trainer:
         critic_folder = (models.resolve_model_path(spec.critic.model.path, self.options.model_roots,
                                                    cache_dir=self.options.cache_dir) if spec.has_critic else None)
         errors = [i for i in check_spec(spec, actor_model=models.model_info(actor_folder),
-                                        critic_model=models.model_info(critic_folder) if critic_folder else None)
+                                        critic_model=models.model_info(critic_folder) if critic_folder else None,
+                                        launch=True)
                   if i.severity == "error"]
         if errors:
             raise ValueError("; ".join(f"{i.field}: {i.message}" for i in errors))
