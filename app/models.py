@@ -68,6 +68,9 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
+STORABLE = f"JSON without NaN/Infinity, NUL characters or lone surrogates, nested at most {MAX_BODY_DEPTH} levels"
+
+
 def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
     """The first value the app cannot take faithfully, as (field, value, why), or None: nesting deeper
     than MAX_BODY_DEPTH (which would exhaust recursion further on), NaN/Infinity (JSON has no such
@@ -105,7 +108,7 @@ class _Request(SQLModel):
         if problem is not None:
             field, value, why = problem
             raise PydanticCustomError("unstorable", "{value!r} cannot be stored: {why}",
-                                      {"field": field, "value": value, "why": why})
+                                      {"field": field, "value": value, "why": why, "valid": STORABLE})
         return data
 
 

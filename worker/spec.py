@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from worker.attention import BUILTIN_NAMES, VALID_DESCRIPTION, is_valid_name
+from worker.pydantic_errors import valid_for
 
 # --------------------------------------------------------------------------------------------
 # Errors
@@ -443,10 +444,22 @@ def nearest_key(key: str) -> str | None:
     return best if score(best) >= 0.9 else None
 
 
+def keys_near(key: str) -> list[str]:
+    """The valid keys of the deepest section of ``key`` that exists (``trainer.foo`` -> the ``trainer.*``
+    keys), or the top-level sections when none does."""
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:n]) + "."
+        under = [k for k in SPEC_KEYS if k.startswith(prefix)]
+        if under:
+            return under
+    return sorted({k.split(".", 1)[0] for k in SPEC_KEYS})
+
+
 def _unknown_key_issue(key: str, value: Any) -> Issue:
     near = nearest_key(key)
     hint = f"; did you mean {near!r}?" if near else ""
-    return Issue(key, value, f"unknown key {key!r}{hint}", valid=near)
+    return Issue(key, value, f"unknown key {key!r}{hint}", valid=near or keys_near(key))
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,10 +534,8 @@ def _issues_from_validation(exc: ValidationError) -> list[Issue]:
         message = err["msg"]
         if message.startswith("Value error, "):
             message = message[len("Value error, ") :]
-        valid = None
-        ctx = err.get("ctx") or {}
+        valid = valid_for(err)
         if err["type"] == "enum":
-            valid = [v.strip(" '") for v in str(ctx.get("expected", "")).replace(" or ", ",").split(",") if v.strip()]
             message = f"{value!r} is not valid; valid: {', '.join(valid)}"
         elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
             message = f"{_short(value)} is out of range: {message.lower()}"
