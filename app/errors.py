@@ -219,15 +219,37 @@ def http_error(exc: StarletteHTTPException, request: Request) -> AppError:
         return AppError(404, "not_found", f"no route {request.method} {request.url.path}", field="path",
                         value=request.url.path, headers=exc.headers)
     if status == 405:
-        return AppError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}",
-                        field="method", value=request.method, valid=(exc.headers or {}).get("Allow"),
-                        headers=exc.headers)
+        allowed = allowed_methods(request) or [m.strip() for m in (exc.headers or {}).get("Allow", "").split(",")
+                                               if m.strip()]
+        return AppError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}; "
+                        f"allowed: {', '.join(allowed)}", field="method", value=request.method, valid=allowed,
+                        headers={**(exc.headers or {}), "Allow": ", ".join(allowed)})
     if isinstance(exc.__cause__, BodyTooLarge):
         return too_large(f"more than {exc.__cause__.limit}", exc.__cause__.limit)
     if status == 400 and "parsing the body" in detail:
         return AppError(400, "invalid_body", "the body could not be read: it must be UTF-8 JSON", field="(body)",
                         valid="a UTF-8 JSON document")
     return AppError(status, _HTTP_CODES.get(status, "http_error"), detail, headers=exc.headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app answers on the request's path, sorted. Starlette's ``Allow``
+    names only the first route whose path matched, so ``OPTIONS /api/trials`` said POST though GET is
+    routed too."""
+    path = request.url.path
+    found: set[str] = set()
+    stack: list[tuple[str, list[Any]]] = [("", list(request.app.router.routes))]
+    while stack:
+        prefix, routes = stack.pop()
+        for route in routes:
+            included = getattr(route, "original_router", None)  # FastAPI's included routers
+            if included is not None:
+                stack.append((prefix + route.include_context.prefix, list(included.routes)))
+                continue
+            regex, methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+            if regex is not None and methods and path.startswith(prefix) and regex.match(path[len(prefix):]):
+                found.update(methods)
+    return sorted(found)
 
 
 def render_error(request: Request, error: AppError) -> Response:

@@ -63,7 +63,7 @@ def recheck(session: SessionDep, principal: CurrentPrincipal, body: RecheckCreat
     return RecheckPublic(id=row.id, environment=row.environment, created_at=row.created_at, suggestions=suggestions)
 
 
-@router.get("/{entry_id}", response_model=EntryPublic, dependencies=Read)
+@router.get("/{entry_id:int}", response_model=EntryPublic, dependencies=Read)
 def get_entry(session: SessionDep, entry_id: EntryId) -> EntryPublic:
     return service.entry_public(session, service.get_entry(session, entry_id=entry_id))
 
