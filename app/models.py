@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic_core import PydanticCustomError
-from pydantic import AfterValidator, BaseModel, ConfigDict, computed_field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, computed_field, model_validator
 from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -93,6 +93,24 @@ def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
         elif isinstance(item, (list, tuple)):
             stack.extend((f"{where}[{i}]", child, depth + 1) for i, child in enumerate(item))
     return None
+
+
+def _not_unix_seconds(value: Any) -> Any:
+    """pydantic reads a number as Unix seconds, so ``created_after=2026`` would mean 1970-01-01T00:33:46Z:
+    the API takes ISO 8601 date-times only."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, str):
+        try:
+            float(value)
+            number = True
+        except ValueError:
+            pass
+    if number:
+        raise PydanticCustomError("datetime_parsing", "Input should be an ISO 8601 date-time, not a number")
+    return value
+
+
+IsoDatetime = Annotated[datetime, BeforeValidator(_not_unix_seconds)]
 
 
 class _Request(SQLModel):
@@ -285,7 +303,7 @@ class EventBase(SQLModel):
 
 class EventCreate(EventBase, _Request):
     kind: EventKind  # type: ignore[assignment]
-    ts: datetime | None = None
+    ts: IsoDatetime | None = None
 
 
 class Event(EventBase, table=True):

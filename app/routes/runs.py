@@ -6,7 +6,6 @@ handlers: ``app.services.reads`` builds their JSON body from one Core statement,
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
@@ -32,7 +31,7 @@ from app.models import (
     RunStatus,
     RunWaitPublic,
 )
-from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset
+from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset, Timestamp
 from app.services import events, interop, pump, reads, runs
 from app.services.events import MAX_EVENTS_PAGE
 
@@ -59,8 +58,8 @@ async def list_runs(
     status: Annotated[list[RunStatus] | None, Query(description="Any of these statuses (repeatable).")] = None,
     name: NameFilter = None,
     spec_id: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
-    created_after: Annotated[datetime | None, Query(description="ISO 8601, inclusive.")] = None,
-    created_before: Annotated[datetime | None, Query(description="ISO 8601, exclusive.")] = None,
+    created_after: Annotated[Timestamp, Query(description="ISO 8601, inclusive.")] = None,
+    created_before: Annotated[Timestamp, Query(description="ISO 8601, exclusive.")] = None,
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> Response:

@@ -130,6 +130,8 @@ CASES = [
      "created_after"),
     ("GET", "/api/runs?name=%00", {}, 422, "name"),
     ("GET", "/api/runs?created_before=0001-01-01T00:00:00%2B01:00", {}, 422, "created_before"),
+    ("GET", "/api/runs?created_after=2026", {}, 422, "created_after"),  # not 1970-01-01T00:33:46Z
+    ("GET", "/api/runs?created_before=0.5", {}, 422, "created_before"),
     ("GET", "/api/specs?limit=-3", {}, 422, "limit"),
     ("GET", "/api/runs/987654", {}, 404, "run_id"),
     ("GET", "/api/runs/abc", {}, 422, "run_id"),
@@ -150,6 +152,7 @@ CASES = [
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 5, "kind": "log", "payload": {}}]}, 409, "seq"),
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 1, "kind": "weird", "payload": {}}]}, 422, "0.kind"),
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 0, "kind": "log", "payload": {}}]}, 422, "0.seq"),
+    ("POST", "/api/runs/{run}/events", {"json": [{"seq": 1, "kind": "log", "payload": {}, "ts": 0}]}, 422, "0.ts"),
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 1, "kind": "status", "payload": {"status": "done"}}]}, 422,
      "payload.status"),
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 1, "kind": "status", "payload": {"status": "succeeded"}}]},
