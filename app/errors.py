@@ -17,7 +17,7 @@ from typing import Any, get_args
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from worker.pydantic_errors import valid_for
@@ -105,6 +105,47 @@ def _prefixed(issue: Issue, prefix: str) -> dict[str, Any]:
     if prefix:
         out["field"] = f"{prefix}.{issue.field}"
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# The error body in the OpenAPI schema
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="A stable machine code, e.g. invalid_request, not_found, invalid_transition.")
+    message: str = Field(description="A sentence for people.")
+    field: str | None = Field(None, description="The field at fault (dotted), '(body)', 'path' or 'method'.")
+    value: Any = Field(None, description="The value found there (shortened), null when it was missing.")
+    valid: Any = Field(None, description="What would have been accepted.")
+    issues: list[dict[str, Any]] = Field(default_factory=list, description="Every problem found, errors first.")
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers (4xx and 5xx): 400, 409 and 422 name the field, the value and what is
+    valid; 404 the id that does not exist."""
+
+    error: ErrorDetail
+
+
+def _documented(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+# Answered by any operation (FastAPI(responses=...)): the body, the token and the ids are checked everywhere.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _documented("The body could not be read (not UTF-8 JSON)."),
+    401: _documented("No valid token: send 'Authorization: Bearer <token>'."),
+    403: _documented("The token lacks the scope the operation needs."),
+    404: _documented("An id (or a saved spec, run, entry or trial it names) does not exist."),
+    409: _documented("The request conflicts with the resource's state (e.g. cancelling a finished run)."),
+    413: _documented("The body is larger than ATTNBOARD_MAX_BODY_BYTES."),
+    422: _documented("An invalid input: field, value and what is valid."),
+}
+# Answered by the operations that hand a run to compute (route-level ``responses=``).
+LAUNCH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: _documented("The run is saved and queued, but the compute backend (Ray) could not be reached; "
+                     "POST /api/runs/{run_id}/submit hands it over later."),
+}
 
 
 class BodyTooLarge(Exception):

@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from app.core.config import Settings, database_identity, get_settings
 from app.db import make_engine, run_migrations
-from app.errors import install_error_handlers
+from app.errors import ERROR_RESPONSES, install_error_handlers
 from app.middleware import BodySizeLimit
 from app.routes import health, pages, runs, specs, tokens, tools, troubleshooting, trials
 from app.services.auth import bearer_authenticator
@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         summary="Configure, launch and watch PPO runs with the attention implementation per role made explicit.",
         version="0.1.0",
         lifespan=lifespan,
+        responses=ERROR_RESPONSES,
     )
     app.state.settings = settings
     app.state.engine = make_engine(settings.DATABASE_URL)

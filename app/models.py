@@ -185,8 +185,25 @@ class RunBase(SQLModel):
     name: str = Field(min_length=1, max_length=NAME_MAX, index=True)
 
 
+EXAMPLE_SPEC: dict[str, Any] = {
+    "actor_rollout_ref.model.path": "builtin:tiny-llama",
+    "critic.model.path": "builtin:tiny-llama",
+    "critic.model.override_config.attn_implementation": "eager",
+    "data.train_files": "builtin:count",
+    "data.train_batch_size": 4,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+    "trainer.device": "cpu",
+    "trainer.n_gpus_per_node": 1,
+    "trainer.total_training_steps": 2,
+}
+"""A small CPU run in dotted keys: the example the API documents (and the schemathesis fuzzer starts from)."""
+
+
 class RunCreate(_Request):
     """Exactly one of ``spec_id`` (a saved spec) or ``spec`` (inline)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # type: ignore[assignment]
+        {"name": "tiny cpu run", "spec": EXAMPLE_SPEC}, {"spec_id": 1}]})
 
     name: str | None = Field(None, min_length=1, max_length=NAME_MAX,
                              description="Defaults to the saved spec's name, or 'run'.")

@@ -18,6 +18,7 @@ from app.deps import (
     require_write,
     serving_lifespan,
 )
+from app.errors import LAUNCH_RESPONSES
 from app.models import (
     INT32_MAX,
     AppendResult,
@@ -46,7 +47,8 @@ def _json(body: bytes) -> Response:
     return Response(body, media_type="application/json")
 
 
-@router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+@router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def create_run(session: SessionDep, launcher: LauncherDep, body: RunCreate) -> RunPublic:
     """Submit a run from a saved spec (``spec_id``) or an inline ``spec``; it keeps an immutable copy."""
     return RunPublic.model_validate(runs.create_run(session, data=body, launcher=launcher))
@@ -107,7 +109,8 @@ async def wait_run(
     return RunWaitPublic(run=RunPublic.model_validate(run), timed_out=timed_out, attention=attention)
 
 
-@router.post("/{run_id}/submit", response_model=RunPublic, dependencies=Write)
+@router.post("/{run_id}/submit", response_model=RunPublic, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def submit_run(session: SessionDep, launcher: LauncherDep, run_id: RunId) -> RunPublic:
     """Submit a queued run again, e.g. after a 503 while Ray was unreachable (the scheduler also retries)."""
     return RunPublic.model_validate(runs.resubmit_run(session, run_id=run_id, launcher=launcher))
@@ -118,14 +121,16 @@ def cancel_run(session: SessionDep, launcher: LauncherDep, run_id: RunId) -> Run
     return RunPublic.model_validate(runs.cancel_run(session, run_id=run_id, launcher=launcher))
 
 
-@router.post("/{run_id}/retry", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+@router.post("/{run_id}/retry", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def retry_run(session: SessionDep, launcher: LauncherDep, run_id: RunId, body: RunRetry | None = None) -> RunPublic:
     body = body or RunRetry()
     return RunPublic.model_validate(runs.retry_run(session, run_id=run_id, patch=body.patch, name=body.name,
                                                    launcher=launcher))
 
 
-@router.post("/{run_id}/clone", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+@router.post("/{run_id}/clone", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def clone_run(session: SessionDep, launcher: LauncherDep, run_id: RunId, body: RunClone | None = None) -> RunPublic:
     body = body or RunClone()
     return RunPublic.model_validate(runs.clone_run(session, run_id=run_id, name=body.name, launcher=launcher))

@@ -58,6 +58,20 @@ def test_a_real_bug_is_a_json_500_and_logged(settings, caplog):
     assert "unhandled error on GET /api/boom" in caplog.text
 
 
+def test_openapi_documents_the_error_body(client):
+    """Every error is ``ErrorBody``; FastAPI's own 422 schema (``{"detail": [...]}``) is not what the API answers."""
+    schema = client.get("/openapi.json").json()
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            for status in ("400", "401", "403", "404", "409", "413", "422"):
+                assert operation["responses"][status]["content"]["application/json"]["schema"] == ref, (method, path)
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    launching = {path for path, ops in schema["paths"].items() if "503" in ops.get("post", {}).get("responses", {})}
+    assert launching == {"/api/runs", "/api/runs/{run_id}/submit", "/api/runs/{run_id}/retry",
+                         "/api/runs/{run_id}/clone", "/api/troubleshooting/{entry_id}/retry"}
+
+
 @pytest.mark.parametrize("method,path,allowed", [
     ("OPTIONS", "/api/trials", ["GET", "POST"]),  # Starlette named only the first route that matched: POST
     ("DELETE", "/api/runs", ["GET", "POST"]),
