@@ -25,6 +25,7 @@ from app.routes import health, pages, runs, specs, tokens, tools, troubleshootin
 from app.services.auth import bearer_authenticator
 from app.models import Run
 from app.services.launcher import Launcher
+from app.services.feeds import RunFeeds
 from app.services.pump import RunChanges, Supervisor
 from app.services.ray_launcher import ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
@@ -69,6 +70,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.engine = make_engine(settings.DATABASE_URL)
     app.state.launcher = launcher
     app.state.run_changes = RunChanges()
+    app.state.run_feeds = RunFeeds(app.state.engine, app.state.run_changes)
     # Tried in order for every request; the dashboard appends its session-cookie authenticator.
     app.state.authenticators = [bearer_authenticator]
 

@@ -88,12 +88,16 @@ async def list_events(
 
 @router.post("/{run_id}/events", response_model=AppendResult, dependencies=Write)
 def append_events(
+    request: Request,
     session: SessionDep,
     run_id: RunId,
     body: Annotated[list[EventCreate], Body(max_length=MAX_EVENTS_PER_POST)],
 ) -> AppendResult:
     """Ingest worker events; idempotent on (run_id, seq), a gap in seq is refused (409)."""
-    return events.append_events(session, run_id=run_id, events=body)
+    result = events.append_events(session, run_id=run_id, events=body)
+    if result.inserted:
+        request.app.state.run_changes.notify()  # /wait long-polls and the live pages' feeds
+    return result
 
 
 @router.get("/{run_id}/wait", response_model=RunWaitPublic, dependencies=Read)
