@@ -382,6 +382,15 @@ def _session_for(request: Request) -> Session:
     return Session(request.app.state.engine, expire_on_commit=False)
 
 
+def _trimmed(view: RunView) -> RunView:
+    """A stream's view keeps the newest metric point and log line, not their history: the stream renders
+    only those (the page it was opened from holds the rest), and 200 streams of a long run held 200 copies
+    of it, which the garbage collector walked through on every full collection."""
+    del view.metrics[:-1]
+    del view.logs[:-1]
+    return view
+
+
 @router.get("/runs/{run_id}/stream")
 async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0) -> Response:
     """Server-sent events from seq > Last-Event-ID (or ?after=): each event's `id:` is its seq, so a
@@ -402,7 +411,7 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
                     break
                 events.extend(batch)
                 last = batch[-1].seq
-            return run, fold(events, total_steps=run.total_steps)
+            return run, _trimmed(fold(events, total_steps=run.total_steps))
 
     run, view = await run_in_threadpool(load)
     base = {"run": run, "charts": CHARTS, "principal": request.state.principal, "csrf_token": request.state.csrf_token}
@@ -411,7 +420,7 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
     def render(feed: RunFeed, ev: Any) -> list[str]:
         """The messages one event makes, after folding it into this stream's view; what does not depend on
         the viewer is rendered once per event for every stream of the run (``RunFeed.rendered``)."""
-        apply_event(view, seq=ev.seq, kind=ev.kind, payload=ev.payload, ts=ev.ts)
+        _trimmed(apply_event(view, seq=ev.seq, kind=ev.kind, payload=ev.payload, ts=ev.ts))
 
         def context(**extra: Any) -> dict[str, Any]:
             return {**base, "view": view, "eta": format_eta(view.eta_seconds), "entry": None,
