@@ -12,13 +12,15 @@ The dashboard adds an HTML branch in ``render_error`` (browser requests get a pa
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from worker.pydantic_errors import valid_for
 from worker.spec import Issue, SpecError
 
 log = logging.getLogger("attnboard.errors")
@@ -105,6 +107,47 @@ def _prefixed(issue: Issue, prefix: str) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# The error body in the OpenAPI schema
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="A stable machine code, e.g. invalid_request, not_found, invalid_transition.")
+    message: str = Field(description="A sentence for people.")
+    field: str | None = Field(None, description="The field at fault (dotted), '(body)', 'path' or 'method'.")
+    value: Any = Field(None, description="The value found there (shortened), null when it was missing.")
+    valid: Any = Field(None, description="What would have been accepted.")
+    issues: list[dict[str, Any]] = Field(default_factory=list, description="Every problem found, errors first.")
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers (4xx and 5xx): 400, 409 and 422 name the field, the value and what is
+    valid; 404 the id that does not exist."""
+
+    error: ErrorDetail
+
+
+def _documented(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+# Answered by any operation (FastAPI(responses=...)): the body, the token and the ids are checked everywhere.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _documented("The body could not be read (not UTF-8 JSON)."),
+    401: _documented("No valid token: send 'Authorization: Bearer <token>'."),
+    403: _documented("The token lacks the scope the operation needs."),
+    404: _documented("An id (or a saved spec, run, entry or trial it names) does not exist."),
+    409: _documented("The request conflicts with the resource's state (e.g. cancelling a finished run)."),
+    413: _documented("The body is larger than ATTNBOARD_MAX_BODY_BYTES."),
+    422: _documented("An invalid input: field, value and what is valid."),
+}
+# Answered by the operations that hand a run to compute (route-level ``responses=``).
+LAUNCH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: _documented("The run is saved and queued, but the compute backend (Ray) could not be reached; "
+                     "POST /api/runs/{run_id}/submit hands it over later."),
+}
+
+
 class BodyTooLarge(Exception):
     """Raised while a streamed body passes the size limit (see app.middleware.BodySizeLimit)."""
 
@@ -126,17 +169,55 @@ def not_found(what: str, ident: Any, field: str = "id") -> AppError:
 # Handlers
 
 
-def _validation_issue(err: dict[str, Any]) -> dict[str, Any]:
+def _known_keys(route: Any, loc: list[str]) -> list[str] | None:
+    """The keys the body model at ``loc`` (inside the request body) accepts, or None when the route's
+    body is not a model there."""
+    params = getattr(getattr(route, "dependant", None), "body_params", None) or []
+    if not params:
+        return None
+    if len(params) > 1:  # several body parameters: each is a key of the body
+        if not loc:
+            return sorted(p.alias for p in params)
+        found = next((p for p in params if p.alias == loc[0]), None)
+        if found is None:
+            return None
+        annotation, loc = found.field_info.annotation, loc[1:]
+    else:
+        annotation = params[0].field_info.annotation
+    for part in loc:
+        model = _model_in(annotation)
+        field = None if model is None else next((f for name, f in model.model_fields.items()
+                                                  if (f.alias or name) == part), None)
+        if field is None:
+            return None
+        annotation = field.annotation
+    model = _model_in(annotation)
+    return None if model is None else sorted(f.alias or name for name, f in model.model_fields.items())
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model in ``annotation`` (``Model``, ``Model | None``, ``Annotated[Model, ...]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        model = _model_in(arg)
+        if model is not None:
+            return model
+    return None
+
+
+def _validation_issue(err: dict[str, Any], route: Any = None) -> dict[str, Any]:
     loc = [str(p) for p in err.get("loc", ())]
+    in_body = bool(loc) and loc[0] == "body"
     if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
         loc = loc[1:]
     field = ".".join(loc) or "(body)"
     ctx = err.get("ctx") or {}
-    valid = _expected_list(ctx.get("expected"))
     kind = err.get("type", "")
     message = str(err.get("msg", "invalid"))
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
+    valid = valid_for(err)
     value = err.get("input")
     if kind == "unstorable":
         # A whole-body check (app.models._Request) found the field deep inside the body.
@@ -145,6 +226,8 @@ def _validation_issue(err: dict[str, Any]) -> dict[str, Any]:
         message = f"{value!r} cannot be stored: {ctx.get('why')}"
     if kind == "extra_forbidden":
         message = f"unknown key {loc[-1]!r}" if loc else "unknown key"
+        known = _known_keys(route, loc[:-1]) if in_body else None
+        valid = known if known is not None else "only the keys the API documents (see /docs)"
     elif kind == "missing":
         message = "this field is required"
         value = None
@@ -153,19 +236,12 @@ def _validation_issue(err: dict[str, Any]) -> dict[str, Any]:
         message = f"the body is not valid JSON: {ctx.get('error', message)}"
         value = None
     return {"field": field, "value": brief(value), "message": f"{field}: {message}",
-            "valid": valid, "severity": "error", "type": kind}
+            "valid": brief(valid), "severity": "error", "type": kind}
 
 
-def _expected_list(expected: Any) -> Any:
-    """pydantic's "'cli' or 'yaml'" -> ["cli", "yaml"]."""
-    if not isinstance(expected, str):
-        return expected
-    parts = [p.strip().strip("'") for p in expected.replace(" or ", ",").split(",")]
-    return [p for p in parts if p]
-
-
-def validation_error(exc: RequestValidationError) -> AppError:
-    issues = [_validation_issue(e) for e in exc.errors()]
+def validation_error(exc: RequestValidationError, request: Request | None = None) -> AppError:
+    route = request.scope.get("route") if request is not None else None
+    issues = [_validation_issue(e, route) for e in exc.errors()]
     if not issues:
         return AppError(422, "invalid_request", "the request is not valid")
     first = issues[0]
@@ -184,14 +260,37 @@ def http_error(exc: StarletteHTTPException, request: Request) -> AppError:
         return AppError(404, "not_found", f"no route {request.method} {request.url.path}", field="path",
                         value=request.url.path, headers=exc.headers)
     if status == 405:
-        return AppError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}",
-                        field="method", value=request.method, valid=(exc.headers or {}).get("Allow"),
-                        headers=exc.headers)
+        allowed = allowed_methods(request) or [m.strip() for m in (exc.headers or {}).get("Allow", "").split(",")
+                                               if m.strip()]
+        return AppError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}; "
+                        f"allowed: {', '.join(allowed)}", field="method", value=request.method, valid=allowed,
+                        headers={**(exc.headers or {}), "Allow": ", ".join(allowed)})
     if isinstance(exc.__cause__, BodyTooLarge):
         return too_large(f"more than {exc.__cause__.limit}", exc.__cause__.limit)
     if status == 400 and "parsing the body" in detail:
-        return AppError(400, "invalid_body", "the body could not be read: it must be UTF-8 JSON", field="(body)")
+        return AppError(400, "invalid_body", "the body could not be read: it must be UTF-8 JSON", field="(body)",
+                        valid="a UTF-8 JSON document")
     return AppError(status, _HTTP_CODES.get(status, "http_error"), detail, headers=exc.headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app answers on the request's path, sorted. Starlette's ``Allow``
+    names only the first route whose path matched, so ``OPTIONS /api/trials`` said POST though GET is
+    routed too."""
+    path = request.url.path
+    found: set[str] = set()
+    stack: list[tuple[str, list[Any]]] = [("", list(request.app.router.routes))]
+    while stack:
+        prefix, routes = stack.pop()
+        for route in routes:
+            included = getattr(route, "original_router", None)  # FastAPI's included routers
+            if included is not None:
+                stack.append((prefix + route.include_context.prefix, list(included.routes)))
+                continue
+            regex, methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+            if regex is not None and methods and path.startswith(prefix) and regex.match(path[len(prefix):]):
+                found.update(methods)
+    return sorted(found)
 
 
 def render_error(request: Request, error: AppError) -> Response:
@@ -204,7 +303,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return render_error(request, exc)
 
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-        return render_error(request, validation_error(exc))
+        return render_error(request, validation_error(exc, request))
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
         return render_error(request, http_error(exc, request))

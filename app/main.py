@@ -19,12 +19,13 @@ from sqlmodel import Session, col, select
 
 from app.core.config import Settings, database_identity, get_settings
 from app.db import make_engine, run_migrations
-from app.errors import install_error_handlers
+from app.errors import ERROR_RESPONSES, install_error_handlers
 from app.middleware import BodySizeLimit
 from app.routes import health, pages, runs, specs, tokens, tools, troubleshooting, trials
 from app.services.auth import bearer_authenticator
 from app.models import Run
 from app.services.launcher import Launcher
+from app.services.feeds import RunFeeds
 from app.services.pump import RunChanges, Supervisor
 from app.services.ray_launcher import ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
@@ -63,11 +64,13 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         summary="Configure, launch and watch PPO runs with the attention implementation per role made explicit.",
         version="0.1.0",
         lifespan=lifespan,
+        responses=ERROR_RESPONSES,
     )
     app.state.settings = settings
     app.state.engine = make_engine(settings.DATABASE_URL)
     app.state.launcher = launcher
     app.state.run_changes = RunChanges()
+    app.state.run_feeds = RunFeeds(app.state.engine, app.state.run_changes)
     # Tried in order for every request; the dashboard appends its session-cookie authenticator.
     app.state.authenticators = [bearer_authenticator]
 

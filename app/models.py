@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic_core import PydanticCustomError
-from pydantic import AfterValidator, BaseModel, ConfigDict, computed_field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, computed_field, model_validator
 from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -68,6 +68,9 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
+STORABLE = f"JSON without NaN/Infinity, NUL characters or lone surrogates, nested at most {MAX_BODY_DEPTH} levels"
+
+
 def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
     """The first value the app cannot take faithfully, as (field, value, why), or None: nesting deeper
     than MAX_BODY_DEPTH (which would exhaust recursion further on), NaN/Infinity (JSON has no such
@@ -92,6 +95,24 @@ def storable_problem(value: Any, path: str = "") -> tuple[str, Any, str] | None:
     return None
 
 
+def _not_unix_seconds(value: Any) -> Any:
+    """pydantic reads a number as Unix seconds, so ``created_after=2026`` would mean 1970-01-01T00:33:46Z:
+    the API takes ISO 8601 date-times only."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, str):
+        try:
+            float(value)
+            number = True
+        except ValueError:
+            pass
+    if number:
+        raise PydanticCustomError("datetime_parsing", "Input should be an ISO 8601 date-time, not a number")
+    return value
+
+
+IsoDatetime = Annotated[datetime, BeforeValidator(_not_unix_seconds)]
+
+
 class _Request(SQLModel):
     """Request bodies reject unknown keys (a typo is an error naming the key, not silently ignored)
     and values no database could store."""
@@ -105,7 +126,7 @@ class _Request(SQLModel):
         if problem is not None:
             field, value, why = problem
             raise PydanticCustomError("unstorable", "{value!r} cannot be stored: {why}",
-                                      {"field": field, "value": value, "why": why})
+                                      {"field": field, "value": value, "why": why, "valid": STORABLE})
         return data
 
 
@@ -164,8 +185,25 @@ class RunBase(SQLModel):
     name: str = Field(min_length=1, max_length=NAME_MAX, index=True)
 
 
+EXAMPLE_SPEC: dict[str, Any] = {
+    "actor_rollout_ref.model.path": "builtin:tiny-llama",
+    "critic.model.path": "builtin:tiny-llama",
+    "critic.model.override_config.attn_implementation": "eager",
+    "data.train_files": "builtin:count",
+    "data.train_batch_size": 4,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+    "trainer.device": "cpu",
+    "trainer.n_gpus_per_node": 1,
+    "trainer.total_training_steps": 2,
+}
+"""A small CPU run in dotted keys: the example the API documents (and the schemathesis fuzzer starts from)."""
+
+
 class RunCreate(_Request):
     """Exactly one of ``spec_id`` (a saved spec) or ``spec`` (inline)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # type: ignore[assignment]
+        {"name": "tiny cpu run", "spec": EXAMPLE_SPEC}, {"spec_id": 1}]})
 
     name: str | None = Field(None, min_length=1, max_length=NAME_MAX,
                              description="Defaults to the saved spec's name, or 'run'.")
@@ -312,7 +350,7 @@ class EventBase(SQLModel):
 
 class EventCreate(EventBase, _Request):
     kind: EventKind  # type: ignore[assignment]
-    ts: datetime | None = None
+    ts: IsoDatetime | None = None
 
 
 class Event(EventBase, table=True):

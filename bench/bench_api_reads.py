@@ -35,7 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import write_result  # noqa: E402 - bench/ is sys.path[0] when run as a script
+from common import http_get, proc_cpu_rss, run_async, write_result  # noqa: E402 - bench/ is sys.path[0]
 
 from app.db import make_engine, run_migrations  # noqa: E402
 from app.services.ray_runtime import free_port  # noqa: E402
@@ -136,23 +136,6 @@ def paths(read: str, rnd: random.Random, runs: int, per_run: int) -> str:
     return f"/api/runs/{rnd.randint(1, runs)}/events?after={rnd.randrange(per_run)}&limit=100"
 
 
-async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str) -> None:
-    """One GET on a kept-alive HTTP/1.1 connection; the whole body is read. Anything but 200 is an error."""
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n\r\n".encode())
-    head = await reader.readuntil(b"\r\n\r\n")
-    status_line, _, header_block = head.partition(b"\r\n")
-    length = None
-    for line in header_block.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    if length is None:
-        raise RuntimeError(f"GET {path}: no Content-Length in {head!r}")
-    body = await reader.readexactly(length)
-    if status_line.split(b" ", 2)[1] != b"200":
-        raise RuntimeError(f"GET {path}: {status_line.decode()} {body[:300]!r}")
-
-
 async def _load(host: str, port: int, runs: int, per_run: int, clients: int, requests: int
                 ) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {name: [] for name in READS}
@@ -161,12 +144,12 @@ async def _load(host: str, port: int, runs: int, per_run: int, clients: int, req
         rnd = random.Random(n)
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            await _get(reader, writer, host, "/api/health")
+            await http_get(reader, writer, host, "/api/health")
             for i in range(requests):
                 read = READS[i % len(READS)]
                 path = paths(read, rnd, runs, per_run)
                 t0 = time.perf_counter()
-                await _get(reader, writer, host, path)
+                await http_get(reader, writer, host, path)
                 times[read].append(time.perf_counter() - t0)
         finally:
             writer.close()
@@ -178,13 +161,8 @@ async def _load(host: str, port: int, runs: int, per_run: int, clients: int, req
 def _load_process(host: str, port: int, runs: int, per_run: int, clients: int, requests: int
                   ) -> tuple[dict[str, list[float]], float]:
     """The timings, and the CPU seconds the client process spent producing them."""
-    try:
-        import uvloop
-        run = uvloop.run
-    except ImportError:  # the standard loop: slower, still not the bottleneck at 16 connections
-        run = asyncio.run
     cpu0 = time.process_time()
-    times = run(_load(host, port, runs, per_run, clients, requests))
+    times = run_async(_load(host, port, runs, per_run, clients, requests))
     return times, time.process_time() - cpu0
 
 
@@ -200,11 +178,7 @@ def measure(base: str, runs: int, per_run: int, clients: int, requests: int
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a live process (Linux /proc), 0.0 where there is no /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return proc_cpu_rss(pid)[0]
 
 
 def stolen_seconds() -> float:

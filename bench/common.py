@@ -6,9 +6,10 @@ the machine (with its load: this is a shared machine) and the command, so a figu
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -65,3 +66,52 @@ def write_result(out: Path, text: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
     print(f"wrote {out}")
+
+
+# --------------------------------------------------------------------------------------------
+# Load clients (asyncio, raw kept-alive HTTP/1.1 connections) and the processes they measure
+
+
+async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
+    """An HTTP/1.1 response's status and headers (names lowercased)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, _, header_block = head.partition(b"\r\n")
+    headers = {}
+    for line in header_block.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name:
+            headers[name.strip().lower()] = value.strip()
+    return int(status_line.split(b" ", 2)[1]), headers
+
+
+async def http_get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str,
+                   accept: str = "application/json") -> bytes:
+    """One GET on a kept-alive HTTP/1.1 connection; the whole ``Content-Length`` body is read and returned.
+    Anything but 200 raises."""
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: {accept}\r\n\r\n".encode())
+    status, headers = await read_head(reader)
+    if b"content-length" not in headers:
+        raise RuntimeError(f"GET {path}: no Content-Length in {headers}")
+    body = await reader.readexactly(int(headers[b"content-length"]))
+    if status != 200:
+        raise RuntimeError(f"GET {path}: {status} {body[:300]!r}")
+    return body
+
+
+def run_async(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a client process's event loop: uvloop where installed (the standard loop is slower)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def proc_cpu_rss(pid: int) -> tuple[float, float]:
+    """(user + system CPU seconds, resident MiB) of a live process, from Linux /proc; (0.0, 0.0) without."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    return ((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"),
+            int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20)

@@ -20,6 +20,14 @@ class UnknownProfileError(KeyError):
         return self.args[0]
 
 
+class InvalidEnvironment(ValueError):
+    """An environment (probe) the preview cannot use: the field, the value found and what is valid."""
+
+    def __init__(self, field: str, value: Any, problem: str, valid: Any):
+        self.field, self.value, self.valid = field, value, valid
+        super().__init__(f"{field}: {problem}")
+
+
 @dataclass(frozen=True)
 class Environment:
     """What decides which attention implementations can load on a node."""
@@ -58,33 +66,40 @@ class Environment:
     def from_dict(cls, data: Any) -> "Environment":
         """Untrusted data (a probe result or a user's JSON) -> Environment; ValueError names the bad field."""
         if not isinstance(data, dict):
-            raise ValueError(f"environment must be a profile name or an object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+            raise InvalidEnvironment("environment", data, f"must be a profile name or an object, got "
+                                     f"{type(data).__name__}", valid=["a profile name", "an object"])
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ValueError(f"environment.{unknown[0]}: unknown field; valid: {', '.join(sorted(known))}")
+            raise InvalidEnvironment(f"environment.{unknown[0]}", data[unknown[0]],
+                                     f"unknown field; valid: {', '.join(known)}", valid=known)
         values = dict(data)
         values.setdefault("name", "probe")
         for key in ("name", "torch_version", "transformers_version", "description"):
             if key in values and not isinstance(values[key], str):
-                raise ValueError(f"environment.{key}: {values[key]!r} must be a string")
+                raise InvalidEnvironment(f"environment.{key}", values[key], f"{values[key]!r} must be a string",
+                                         valid="a string")
         for key in ("flash_attn_version", "flash_attn_3_version", "gpu_name", "cuda_version", "driver_version",
                     "kernels_version"):
             if values.get(key) is not None and not isinstance(values[key], str):
-                raise ValueError(f"environment.{key}: {values[key]!r} must be a string or null")
+                raise InvalidEnvironment(f"environment.{key}", values[key],
+                                         f"{values[key]!r} must be a string or null", valid="a string or null")
         backends = values.get("sdpa_backends")
         if backends is None:
             values.pop("sdpa_backends", None)
         elif not isinstance(backends, (list, tuple)) or not all(isinstance(b, str) for b in backends):
-            raise ValueError(f"environment.sdpa_backends: {backends!r} must be a list of backend names, "
-                             f"e.g. [\"flash_attention\", \"math\"]")
+            raise InvalidEnvironment("environment.sdpa_backends", backends,
+                                     f"{backends!r} must be a list of backend names, e.g. [\"flash_attention\", \"math\"]",
+                                     valid=list(("flash_attention", "efficient_attention", "cudnn_attention", "math")))
         else:
             values["sdpa_backends"] = tuple(backends)
         device = values.get("device", "cpu")
         if device not in DEVICES:
-            raise ValueError(f"environment.device: {device!r} is not valid; valid: {', '.join(DEVICES)}")
+            raise InvalidEnvironment("environment.device", device, f"{device!r} is not valid; valid: "
+                                     f"{', '.join(DEVICES)}", valid=list(DEVICES))
         if not isinstance(values.get("kernels_installed", False), bool):
-            raise ValueError(f"environment.kernels_installed: {values['kernels_installed']!r} must be true or false")
+            raise InvalidEnvironment("environment.kernels_installed", values["kernels_installed"],
+                                     f"{values['kernels_installed']!r} must be true or false", valid=[True, False])
         cc = values.get("compute_capability")
         if cc is not None:
             if (
@@ -92,7 +107,8 @@ class Environment:
                 or len(cc) != 2
                 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 100 for x in cc)
             ):
-                raise ValueError(f"environment.compute_capability: {cc!r} must be [major, minor], e.g. [8, 0]")
+                raise InvalidEnvironment("environment.compute_capability", cc, f"{cc!r} must be [major, minor], "
+                                         "e.g. [8, 0]", valid="[major, minor], each 0 to 99, e.g. [8, 0]")
             values["compute_capability"] = (cc[0], cc[1])
         return cls(**values)
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from worker.spec import ModelInfo
+from worker.vocabulary import ModelInfo
 
 TINY_SHAPE: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                   intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False)

@@ -21,8 +21,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from worker.attention import BUILTIN_NAMES, VALID_DESCRIPTION, is_valid_name
-from worker.vocabulary import AdvEstimator, KLType  # the spec's vocabulary, shared with the PPO math
+from worker.vocabulary import AdvEstimator, KLType, ModelInfo  # shared with the PPO math and the model readers
 from worker.verl_keys import VERL_DEFAULTS, VERL_VERSION
+from worker.pydantic_errors import valid_for
 
 # --------------------------------------------------------------------------------------------
 # Errors
@@ -684,10 +685,22 @@ def nearest_key(key: str) -> str | None:
     return best if score(best) >= 0.9 else None
 
 
+def keys_near(key: str) -> list[str]:
+    """The valid keys of the deepest section of ``key`` that exists (``trainer.foo`` -> the ``trainer.*``
+    keys), or the top-level sections when none does."""
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:n]) + "."
+        under = [k for k in SPEC_KEYS if k.startswith(prefix)]
+        if under:
+            return under
+    return sorted({k.split(".", 1)[0] for k in SPEC_KEYS})
+
+
 def _unknown_key_issue(key: str, value: Any) -> Issue:
     near = nearest_key(key)
     hint = f"; did you mean {near!r}?" if near else ""
-    return Issue(key, value, f"unknown key {key!r}{hint}", valid=near)
+    return Issue(key, value, f"unknown key {key!r}{hint}", valid=near or keys_near(key))
 
 
 # --------------------------------------------------------------------------------------------
@@ -776,10 +789,8 @@ def _issues_from_validation(exc: ValidationError) -> list[Issue]:
         message = err["msg"]
         if message.startswith("Value error, "):
             message = message[len("Value error, ") :]
-        valid = None
-        ctx = err.get("ctx") or {}
+        valid = valid_for(err)
         if err["type"] == "enum":
-            valid = [v.strip(" '") for v in str(ctx.get("expected", "")).replace(" or ", ",").split(",") if v.strip()]
             message = f"{value!r} is not valid; valid: {', '.join(valid)}"
         elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
             message = f"{_short(value)} is out of range: {message.lower()}"
@@ -796,17 +807,6 @@ def _short(value: Any) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Cross-field rules
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the validation needs to know about a model; read from its config by the caller (I/O edge)."""
-
-    architecture: str
-    num_attention_heads: int
-    num_key_value_heads: int
-    hidden_size: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 SP_PADDING_MESSAGE = "When using sequence parallelism for actor/ref policy, you must enable use_remove_padding."

@@ -1,12 +1,15 @@
-"""Names the spec and the PPO math share, free of pydantic so that the engine's rank code and the PPO math
-import without it (the device check runs where only torch and transformers are installed).
+"""Names the spec, the PPO math and the model readers share, free of pydantic so that the engine's rank
+code and the PPO math import without it (the device check runs where only torch and transformers are
+installed).
 
 ``worker.spec`` re-exports them; the spec's sections validate against these enums.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class AdvEstimator(str, Enum):
@@ -50,3 +53,14 @@ class KLType(str, Enum):
     k1_st = "k1+"
     k2_st = "k2+"
     k3_st = "k3+"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the validation needs to know about a model; read from its config by the caller (I/O edge)."""
+
+    architecture: str
+    num_attention_heads: int
+    num_key_value_heads: int
+    hidden_size: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)

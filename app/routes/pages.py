@@ -3,7 +3,6 @@ or, for htmx, the block of it that changed (see ``app.web.render``)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ from app.run_view import CHARTS, MAX_MEMORY_MB, REWARD_KEYS, STEP_TIME_S, TOKENS
     apply_event, eager_settings, fold, format_eta, max_of, mean_of, role_badges, series, spec_differences
 from app.services import checkpoints as checkpoints_service
 from app.services import events as events_service
+from app.services.feeds import RunFeed
 from app.services import runs as runs_service
 from app.services import tokens as tokens_service
 from app.services.probes import NodeProbe, latest_node_probe
@@ -375,7 +375,7 @@ STREAM_BLOCKS = {"status": "status", "attention": "attention", "env_probe": "pro
                  "error": "trouble_row", "attention_mismatch": "trouble_row", "log": "log_row",
                  "restart": "trouble_row"}
 SSE_NAMES = {"fallback": "trouble", "error": "trouble", "attention_mismatch": "trouble", "restart": "trouble"}
-POLL_MIN_S, POLL_MAX_S = 0.25, 2.0
+HEARTBEAT_S = 15.0
 
 
 def _sse(event: str, data: str, seq: int | None = None) -> str:
@@ -393,11 +393,21 @@ def _session_for(request: Request) -> Session:
     return Session(request.app.state.engine, expire_on_commit=False)
 
 
+def _trimmed(view: RunView) -> RunView:
+    """A stream's view keeps the newest metric point and log line, not their history: the stream renders
+    only those (the page it was opened from holds the rest), and 200 streams of a long run held 200 copies
+    of it, which the garbage collector walked through on every full collection."""
+    del view.metrics[:-1]
+    del view.logs[:-1]
+    return view
+
+
 @router.get("/runs/{run_id}/stream")
 async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0) -> Response:
     """Server-sent events from seq > Last-Event-ID (or ?after=): each event's `id:` is its seq, so a
-    reconnect resumes exactly. The stream sleeps between DB reads, backing off while nothing happens,
-    and ends (event `end`) once the run is terminal and every event has been sent."""
+    reconnect resumes exactly. The events come from the run's feed (``app.services.feeds``: one read of
+    the database per batch of new events, for every stream of the run), a comment line keeps a quiet
+    stream open, and the stream ends (event `end`) once the run is terminal and every event has been sent."""
     header = request.headers.get("last-event-id", "")
     start = int(header) if header.isdigit() else max(0, after)
 
@@ -412,63 +422,64 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
                     break
                 events.extend(batch)
                 last = batch[-1].seq
-            return run, fold(events, total_steps=run.total_steps)
+            return run, _trimmed(fold(events, total_steps=run.total_steps))
 
     run, view = await run_in_threadpool(load)
     base = {"run": run, "charts": CHARTS, "principal": request.state.principal, "csrf_token": request.state.csrf_token}
+    feeds = request.app.state.run_feeds
 
-    def fetch(after_seq: int) -> tuple[list[Any], str]:
-        with _session_for(request) as s:
-            batch, _ = events_service.events_since(s, run_id=run_id, after_seq=after_seq, limit=200)
-            current = runs_service.get_run(s, run_id=run_id)
-            return batch, current.status
+    def render(feed: RunFeed, ev: Any) -> list[str]:
+        """The messages one event makes, after folding it into this stream's view; what does not depend on
+        the viewer is rendered once per event for every stream of the run (``RunFeed.rendered``)."""
+        _trimmed(apply_event(view, seq=ev.seq, kind=ev.kind, payload=ev.payload, ts=ev.ts))
+
+        def context(**extra: Any) -> dict[str, Any]:
+            return {**base, "view": view, "eta": format_eta(view.eta_seconds), "entry": None,
+                    "eager_roles": eager_roles(run, view), "resume_from": None, **extra}
+
+        def shared(event: str, block: str, seq: int | None = None, **extra: Any) -> str:
+            return feed.rendered(ev.seq, event, lambda: _sse(event, _block(request, block, context(**extra)), seq))
+
+        out: list[str] = []
+        saved = ev.kind == "log" and isinstance(ev.payload, dict) and "checkpoint" in ev.payload
+        ended = ev.kind == "status" and view.terminal
+        if saved or ev.kind == "restart" or ended:  # the checkpoints table, read from the run's folder once
+            out.append(feed.rendered(ev.seq, "checkpoints", lambda: _sse("checkpoints", _block(
+                request, "checkpoints", context(**checkpoint_context(request, run, view))))))
+        if ev.kind == "metric":
+            return [*out, shared("status", "status"),
+                    feed.rendered(ev.seq, "metric", lambda: _sse("metric", json.dumps(view.metrics[-1])
+                                                                 if view.metrics else "{}", ev.seq))]
+        name = STREAM_BLOCKS.get(ev.kind)
+        if name is None:
+            return [*out, _sse("other", "", ev.seq)]
+        entry = None
+        if name in ("trouble_row", "log_row"):
+            entry = (view.trouble if ev.kind != "log" else view.logs)[-1]
+        out.append(shared(SSE_NAMES.get(ev.kind, ev.kind), name, ev.seq, entry=entry))
+        if ev.kind == "error":  # a role that could not load gets its row in the attention table
+            out.append(shared("attention", "attention"))
+        if ev.kind == "restart":  # the status widget says how often the run restarted
+            out.append(shared("status", "status"))
+        if ev.kind in ("fallback", "error", "attention", "status"):  # retry offers (the viewer's CSRF token)
+            resume = checkpoint_context(request, run, view) if ended else {}
+            out.append(_sse("actions", _block(request, "actions", context(**resume))))
+        return out
 
     async def messages() -> AsyncIterator[str]:
-        delay = POLL_MIN_S
         yield "retry: 1000\n\n"
-        while True:
-            if await request.is_disconnected():
-                return
-            batch, status = await run_in_threadpool(fetch, view.last_seq)
-            for ev in batch:
-                apply_event(view, seq=ev.seq, kind=ev.kind, payload=ev.payload, ts=ev.ts)
-                ctx = {**base, "view": view, "eta": format_eta(view.eta_seconds), "entry": None,
-                       "eager_roles": eager_roles(run, view), "resume_from": None}
-                saved = ev.kind == "log" and isinstance(ev.payload, dict) and "checkpoint" in ev.payload
-                if saved or ev.kind == "restart" or (ev.kind == "status" and view.terminal):
-                    ctx.update(await run_in_threadpool(checkpoint_context, request, run, view))
-                    yield _sse("checkpoints", _block(request, "checkpoints", ctx))
-                if ev.kind == "metric":
-                    yield _sse("status", _block(request, "status", ctx))
-                    yield _sse("metric", json.dumps(view.metrics[-1]) if view.metrics else "{}", ev.seq)
-                    continue
-                name = STREAM_BLOCKS.get(ev.kind)
-                if name is None:
-                    yield _sse("other", "", ev.seq)
-                    continue
-                if name in ("trouble_row", "log_row"):
-                    ctx["entry"] = (view.trouble if ev.kind != "log" else view.logs)[-1]
-                yield _sse(SSE_NAMES.get(ev.kind, ev.kind), _block(request, name, ctx), ev.seq)
-                if ev.kind == "error":  # a role that could not load gets its row in the attention table
-                    yield _sse("attention", _block(request, "attention", ctx))
-                if ev.kind == "restart":  # the status widget says how often the run restarted
-                    yield _sse("status", _block(request, "status", ctx))
-                if ev.kind in ("fallback", "error", "attention", "status"):  # retry offers; cancel ends with the run
-                    yield _sse("actions", _block(request, "actions", ctx))
-            if batch:
-                delay = POLL_MIN_S
-                continue
-            if status in TERMINAL_STATUSES_STR:
-                yield _sse("end", "done")
-                return
-            await asyncio.sleep(delay)
-            delay = min(POLL_MAX_S, delay * 2)
+        async with feeds.follow(run_id, view.last_seq) as feed:
+            async for batch in feed.after(view.last_seq, heartbeat_s=HEARTBEAT_S):
+                # One chunk per batch: each chunk is a write of its own to the connection.
+                chunk = [message for ev in batch.events for message in render(feed, ev)]
+                if batch.finished:
+                    chunk.append(_sse("end", "done"))
+                yield "".join(chunk) or ": keep-alive\n\n"
+                if batch.finished:
+                    return
 
     return StreamingResponse(messages(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-TERMINAL_STATUSES_STR = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @router.post("/runs/{run_id}/cancel", dependencies=CSRF)

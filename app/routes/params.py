@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Query
 from pydantic import AfterValidator
 
+from app.models import IsoDatetime
 from app.services.common import MAX_LIMIT
 from app.services.interop import ExportFormat
 
@@ -28,3 +29,5 @@ ExportFormatQuery = Annotated[
     ExportFormat,
     Query(description="cli: a verl command line with the right + prefixes; yaml: a verl YAML."),
 ]
+
+Timestamp = IsoDatetime | None

@@ -6,7 +6,6 @@ handlers: ``app.services.reads`` builds their JSON body from one Core statement,
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
@@ -20,6 +19,7 @@ from app.deps import (
     require_write,
     serving_lifespan,
 )
+from app.errors import LAUNCH_RESPONSES
 from app.models import (
     INT32_MAX,
     AppendResult,
@@ -35,7 +35,7 @@ from app.models import (
     RunStatus,
     RunWaitPublic,
 )
-from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset
+from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset, Timestamp
 from app.services import checkpoints, events, interop, pump, reads, runs
 from app.services.events import MAX_EVENTS_PAGE
 
@@ -50,7 +50,8 @@ def _json(body: bytes) -> Response:
     return Response(body, media_type="application/json")
 
 
-@router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+@router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def create_run(session: SessionDep, launcher: LauncherDep, body: RunCreate) -> RunPublic:
     """Submit a run from a saved spec (``spec_id``) or an inline ``spec``; it keeps an immutable copy."""
     return RunPublic.model_validate(runs.create_run(session, data=body, launcher=launcher))
@@ -62,8 +63,8 @@ async def list_runs(
     status: Annotated[list[RunStatus] | None, Query(description="Any of these statuses (repeatable).")] = None,
     name: NameFilter = None,
     spec_id: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
-    created_after: Annotated[datetime | None, Query(description="ISO 8601, inclusive.")] = None,
-    created_before: Annotated[datetime | None, Query(description="ISO 8601, exclusive.")] = None,
+    created_after: Annotated[Timestamp, Query(description="ISO 8601, inclusive.")] = None,
+    created_before: Annotated[Timestamp, Query(description="ISO 8601, exclusive.")] = None,
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> Response:
@@ -90,12 +91,16 @@ async def list_events(
 
 @router.post("/{run_id}/events", response_model=AppendResult, dependencies=Write)
 def append_events(
+    request: Request,
     session: SessionDep,
     run_id: RunId,
     body: Annotated[list[EventCreate], Body(max_length=MAX_EVENTS_PER_POST)],
 ) -> AppendResult:
     """Ingest worker events; idempotent on (run_id, seq), a gap in seq is refused (409)."""
-    return events.append_events(session, run_id=run_id, events=body)
+    result = events.append_events(session, run_id=run_id, events=body)
+    if result.inserted:
+        request.app.state.run_changes.notify()  # /wait long-polls and the live pages' feeds
+    return result
 
 
 @router.get("/{run_id}/wait", response_model=RunWaitPublic, dependencies=Read)
@@ -111,7 +116,8 @@ async def wait_run(
     return RunWaitPublic(run=RunPublic.model_validate(run), timed_out=timed_out, attention=attention)
 
 
-@router.post("/{run_id}/submit", response_model=RunPublic, dependencies=Write)
+@router.post("/{run_id}/submit", response_model=RunPublic, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def submit_run(session: SessionDep, launcher: LauncherDep, run_id: RunId) -> RunPublic:
     """Submit a queued run again, e.g. after a 503 while Ray was unreachable (the scheduler also retries)."""
     return RunPublic.model_validate(runs.resubmit_run(session, run_id=run_id, launcher=launcher))
@@ -122,14 +128,16 @@ def cancel_run(session: SessionDep, launcher: LauncherDep, run_id: RunId) -> Run
     return RunPublic.model_validate(runs.cancel_run(session, run_id=run_id, launcher=launcher))
 
 
-@router.post("/{run_id}/retry", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+@router.post("/{run_id}/retry", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def retry_run(session: SessionDep, launcher: LauncherDep, run_id: RunId, body: RunRetry | None = None) -> RunPublic:
     body = body or RunRetry()
     return RunPublic.model_validate(runs.retry_run(session, run_id=run_id, patch=body.patch, name=body.name,
                                                    launcher=launcher))
 
 
-@router.post("/{run_id}/clone", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+@router.post("/{run_id}/clone", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def clone_run(session: SessionDep, launcher: LauncherDep, run_id: RunId, body: RunClone | None = None) -> RunPublic:
     body = body or RunClone()
     return RunPublic.model_validate(runs.clone_run(session, run_id=run_id, name=body.name, launcher=launcher))

@@ -6,16 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from app.deps import SettingsDep, require_token
-from app.models import _Request
+from app.models import EXAMPLE_SPEC, _Request
 from app.services import interop
 
 router = APIRouter(prefix="/api", tags=["tools"])
 
 
 class ResolveRequest(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # type: ignore[assignment]
+        {"spec": EXAMPLE_SPEC, "environment": "cuda-sm75"}]})
+
     spec: dict[str, Any] = Field(description="A run spec, nested or dotted keys.")
     environment: str | dict[str, Any] = Field(
         "cpu", description="A profile name (cpu, cuda-sm75, cuda-sm80-fa2, cuda-sm90-fa2, npu) or a probe result."
@@ -23,6 +26,10 @@ class ResolveRequest(_Request):
 
 
 class ImportRequest(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # type: ignore[assignment]
+        {"text": "python3 -m verl.trainer.main_ppo trainer.device=cpu data.train_batch_size=4 "
+                 "+critic.model.override_config.attn_implementation=eager", "format": "cli"}]})
+
     text: str = Field(description="A verl command line or a verl YAML config.")
     format: interop.ImportFormat = Field("auto", description="cli, yaml, or auto (detected from the text).")
 

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import CurrentPrincipal, LauncherDep, SessionDep, get_launcher, require_read, require_write
-from app.errors import AppError
+from app.errors import LAUNCH_RESPONSES, AppError
 from app.models import INT32_MAX, RunPublic
 from app.models_troubleshooting import (
     NOTE_MAX,
@@ -63,7 +63,7 @@ def recheck(session: SessionDep, principal: CurrentPrincipal, body: RecheckCreat
     return RecheckPublic(id=row.id, environment=row.environment, created_at=row.created_at, suggestions=suggestions)
 
 
-@router.get("/{entry_id}", response_model=EntryPublic, dependencies=Read)
+@router.get("/{entry_id:int}", response_model=EntryPublic, dependencies=Read)
 def get_entry(session: SessionDep, entry_id: EntryId) -> EntryPublic:
     return service.entry_public(session, service.get_entry(session, entry_id=entry_id))
 
@@ -74,7 +74,8 @@ def add_note(session: SessionDep, principal: CurrentPrincipal, entry_id: EntryId
     return NotePublic.model_validate(note, from_attributes=True)
 
 
-@router.post("/{entry_id}/retry", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
+@router.post("/{entry_id}/retry", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write,
+             responses=LAUNCH_RESPONSES)
 def retry(session: SessionDep, launcher: LauncherDep, entry_id: EntryId, body: EntryRetry | None = None) -> RunPublic:
     """A new run from the entry's run with the remedy's patch (``use=fast_path``: back to the fast path)."""
     body = body or EntryRetry()

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 
 from app.errors import AppError
-from worker.environment import PROFILES, Environment, UnknownProfileError, get_profile
+from worker.environment import PROFILES, Environment, InvalidEnvironment, UnknownProfileError, environment_from
 from worker import verl
 from worker.preview import preview
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec, spec_to_tree
@@ -34,20 +34,16 @@ def issue_dicts(issues: list[Issue], prefix: str = "spec") -> list[dict[str, Any
 # Resolution
 
 
-def environment_of(value: str | dict[str, Any]) -> Environment:
-    """A profile name or a probe dict -> Environment, or a 422 on ``environment``."""
-    if isinstance(value, str):
-        try:
-            return get_profile(value)
-        except UnknownProfileError as exc:
-            raise AppError(422, "unknown_environment", str(exc), field="environment", value=value,
-                           valid=list(PROFILES)) from None
+def environment_of(value: str | dict[str, Any], *, field: str = "environment") -> Environment:
+    """A profile name or a probe dict -> Environment (``worker.environment.environment_from``), or a 422
+    naming ``field`` (or its key), the value and what is valid."""
     try:
-        return Environment.from_dict(value)
-    except (ValueError, TypeError) as exc:
-        message = str(exc)
-        field = message.split(":", 1)[0] if message.startswith("environment.") else "environment"
-        raise AppError(422, "invalid_environment", message, field=field, value=value) from None
+        return environment_from(value)
+    except UnknownProfileError as exc:
+        raise AppError(422, "unknown_environment", str(exc), field=field, value=value, valid=list(PROFILES)) from None
+    except InvalidEnvironment as exc:
+        raise AppError(422, "invalid_environment", str(exc).replace("environment", field, 1),
+                       field=exc.field.replace("environment", field, 1), value=exc.value, valid=exc.valid) from None
 
 
 def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any],
@@ -69,6 +65,10 @@ def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any],
 # Import
 
 
+IMPORT_VALID = ("a verl command line (python3 -m verl.trainer.main_ppo key=value ...) or a verl YAML config, "
+                "with verl 0.9.1's keys")
+
+
 def _yaml_position(mark: Any) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
 
@@ -80,12 +80,12 @@ def check_yaml_safety(text: str) -> None:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         raise AppError(422, "invalid_yaml", f"text: invalid YAML at {_yaml_position(exc.problem_mark)}: {exc.problem}",
-                       field="text", value=_line_at(text, exc.problem_mark),
+                       field="text", value=_line_at(text, exc.problem_mark), valid=IMPORT_VALID,
                        issues=[{"field": "text", "message": str(exc.problem), "position": _yaml_position(exc.problem_mark)}]) from None
     except yaml.YAMLError as exc:
-        raise AppError(422, "invalid_yaml", f"text: invalid YAML: {exc}", field="text") from None
+        raise AppError(422, "invalid_yaml", f"text: invalid YAML: {exc}", field="text", valid=IMPORT_VALID) from None
     except RecursionError:
-        raise AppError(422, "invalid_yaml", "text: YAML nested too deeply", field="text") from None
+        raise AppError(422, "invalid_yaml", "text: YAML nested too deeply", field="text", valid=IMPORT_VALID) from None
     if root is None:
         return
     count = 0
@@ -118,7 +118,7 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
                        f"{MAX_IMPORT_CHARS}", field="text", value=len(text), valid=f"<= {MAX_IMPORT_CHARS} characters")
     if not text.strip():
         raise AppError(422, "empty_text", "text: nothing to import; paste a verl command line or YAML", field="text",
-                       value=text)
+                       value=text, valid=IMPORT_VALID)
     fmt = detect_format(text) if format == "auto" else format
     if fmt == "yaml":
         check_yaml_safety(text)
@@ -127,14 +127,16 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
     except verl.VerlImportError as exc:
         spec_issues = [_plain(i) for i in exc.issues]
         field = spec_issues[0]["field"] if spec_issues and isinstance(spec_issues[0], dict) else "text"
+        valid = next((i["valid"] for i in spec_issues if isinstance(i, dict) and i.get("valid") is not None),
+                      IMPORT_VALID)
         raise AppError(422, "import_error", f"text: {exc.message} (at character {exc.position}: {exc.token[:80]!r})",
-                       field=field, value=exc.token,
+                       field=field, value=exc.token, valid=valid,
                        issues=[{"field": "text", "message": exc.message, "token": exc.token, "position": exc.position,
                                 "severity": "error"}, *spec_issues]) from None
     except SpecError as exc:
         raise AppError.from_spec_error(exc) from None
     except RecursionError:
-        raise AppError(422, "import_error", "text: nested too deeply", field="text") from None
+        raise AppError(422, "import_error", "text: nested too deeply", field="text", valid=IMPORT_VALID) from None
     spec = result.spec
     tree = spec_to_tree(spec) if isinstance(spec, RunSpec) else spec
     return {"format": fmt, "spec": tree, "warnings": _plain(result.warnings),

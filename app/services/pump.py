@@ -132,11 +132,14 @@ def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, dict[str, Any
 
 
 class RunChanges:
-    """Wakes ``/wait`` long-polls (asyncio) when the supervisor (a thread) changed runs."""
+    """Wakes ``/wait`` long-polls and the live pages' feeds (asyncio) when the supervisor (a thread) or an
+    ingestion request changed runs. ``version`` counts the changes, so a waiter that passes the version it
+    last saw (``since``) cannot miss one that came meanwhile."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: set[asyncio.Future[None]] = set()
+        self.version = 0
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -147,12 +150,16 @@ class RunChanges:
             loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
+        self.version += 1
         for fut in self._waiters:
             if not fut.done():
                 fut.set_result(None)
 
-    async def wait(self, timeout: float) -> None:
-        """Return at the next change, or after ``timeout`` seconds."""
+    async def wait(self, timeout: float, since: int | None = None) -> None:
+        """Return at the next change (at once if there was one after version ``since``), or after
+        ``timeout`` seconds."""
+        if since is not None and since != self.version:
+            return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(fut)
         try:
@@ -261,10 +268,15 @@ class Supervisor:
                 more |= full
                 changed |= inserted > 0
             self._after_restart = False
-            changed |= bool(schedule(session, self.launcher))
-        if changed and self.changes is not None:
-            self.changes.notify()
+            if changed:
+                self._notify()  # stored events reach the live pages now, not after scheduling
+            if schedule(session, self.launcher):
+                self._notify()
         return more
+
+    def _notify(self) -> None:
+        if self.changes is not None:
+            self.changes.notify()
 
     def _release_finished(self, session: Session) -> None:
         """After a restart: a run the engine host still has but that is finished here (the app stopped between

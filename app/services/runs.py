@@ -42,7 +42,8 @@ def apply_patch(tree: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         parts = str(dotted).split(".")
         if not all(parts):
             raise AppError(422, "invalid_patch", f"patch key {dotted!r} has an empty component",
-                           field=f"patch.{dotted}", value=dotted)
+                           field=f"patch.{dotted}", value=dotted,
+                           valid="dotted keys with no empty component, e.g. trainer.total_training_steps")
         node = out
         for part in parts[:-1]:
             child = node.get(part)

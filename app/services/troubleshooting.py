@@ -34,10 +34,11 @@ from app.models_troubleshooting import (
     TroubleshootingEntry,
     TroubleshootingNote,
 )
+from app.services.interop import environment_of
 from app.services.launcher import Launcher
 from worker.classify import ROLE_SECTIONS, Category, Diagnosis, EnvFacts, ErrorInfo, classify, fast_path_patch, \
     suggest_return_to_fast_path
-from worker.environment import Environment, UnknownProfileError, environment_from
+from worker.environment import Environment
 
 ERROR_TEXT_MAX = 8000
 ROLES = ("actor", "rollout", "reference", "critic")
@@ -327,19 +328,9 @@ def retry_entry(session: Session, *, entry_id: int, use: str = "remedy", name: s
 def parse_environment(value: str | Mapping[str, Any], *, field: str = "environment") -> Environment:
     """A profile name or a probe dict; the keys a probe adds beyond the environment's (``PROBE_EXTRAS``) are
     ignored, any other unknown key is an error naming it."""
-    try:
-        if isinstance(value, str):
-            return environment_from(value)
-        return environment_from({k: v for k, v in value.items() if k not in PROBE_EXTRAS})
-    except UnknownProfileError as exc:
-        from worker.environment import PROFILES
-
-        raise AppError(422, "invalid_environment", str(exc), field=field, value=value, valid=list(PROFILES)) from None
-    except ValueError as exc:
-        message = str(exc)
-        where = message.split(":", 1)[0] if message.startswith("environment.") else field
-        raise AppError(422, "invalid_environment", message, field=where.replace("environment", field, 1),
-                       value=value) from None
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if k not in PROBE_EXTRAS}
+    return environment_of(value, field=field)
 
 
 def recheck(session: Session, *, environment: str | Mapping[str, Any], author: str,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.models import Run
+from app.services.launcher import LauncherUnavailable
+
 TINY_SPEC: dict[str, Any] = {
     "actor_rollout_ref.model.path": "builtin:tiny-llama",
     "critic.model.path": "builtin:tiny-llama",
@@ -36,3 +39,22 @@ def status_event(seq: int, status: str, reason: str | None = None) -> dict[str, 
 
 def log_event(seq: int, text: str = "hello") -> dict[str, Any]:
     return {"seq": seq, "kind": "log", "payload": {"text": text}}
+
+
+class RecordingLauncher:
+    """A launcher that accepts every run and remembers the calls, so API tests reach the submitted-run paths
+    without starting compute (the Ray launcher's own tests run real runs)."""
+
+    def __init__(self, fail: bool = False):
+        self.submitted: list[int] = []
+        self.cancelled: list[int] = []
+        self.fail = fail
+
+    def submit(self, run: Run) -> str | None:
+        if self.fail:
+            raise LauncherUnavailable("Ray at 127.0.0.1:6379 is not reachable")
+        self.submitted.append(run.id)
+        return f"job-{run.id}"
+
+    def cancel(self, run: Run) -> None:
+        self.cancelled.append(run.id)

@@ -1,4 +1,5 @@
-"""Every invalid request gets a 4xx JSON error naming the field, never a 500.
+"""Every invalid request gets a 4xx JSON error naming the field (and, where the contract in
+``tests/app/error_shape.py`` asks, the value and what is valid), never a 500.
 
 Each row: (method, path, request kwargs, expected status, the field the error must name). ``{run}`` and
 ``{spec}`` in paths are an existing run and saved spec. The TestClient re-raises server exceptions,
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.app.error_shape import assert_error_shape
 from tests.app.factories import tiny_spec
 
 ALIAS_BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
@@ -100,6 +102,10 @@ CASES = [
     ("POST", "/api/resolve", {"json": {"spec": {}, "environment": 42}}, 422, "environment"),
     ("POST", "/api/resolve", {"json": {"spec": {"critic.model.override_config.attn_implementation": "fast"}}}, 422,
      "spec.critic.model.override_config.attn_implementation"),
+    ("POST", "/api/troubleshooting/recheck", {"json": {"environment": {"name": "x", "gpus": 8}}}, 422,
+     "environment.gpus"),
+    ("POST", "/api/troubleshooting/recheck", {"json": {"environment": "tpu-v5"}}, 422, "environment"),
+    ("POST", "/api/troubleshooting/recheck", {"json": {"environment": 7}}, 422, "environment"),
     # -- verl import
     ("POST", "/api/import", {"json": {"text": "a: [1, 2\nb: {", "format": "yaml"}}, 422, "text"),
     ("POST", "/api/import", {"json": {"text": ALIAS_BOMB}}, 422, "text"),
@@ -112,6 +118,7 @@ CASES = [
     ("POST", "/api/import", {"json": {"text": 123}}, 422, "text"),
     ("POST", "/api/import", {"json": {"text": "trainer:\n  device: cpu\n", "format": "toml"}}, 422, "format"),
     ("POST", "/api/import", {"json": {"text": "x" * 300_000}}, 422, "text"),
+    ("POST", "/api/import", {"json": {"text": ""}}, 422, "text"),
     # -- lists, ids and pagination
     ("GET", "/api/runs?status=exploded", {}, 422, "status"),
     ("GET", "/api/runs?limit=0", {}, 422, "limit"),
@@ -123,6 +130,8 @@ CASES = [
      "created_after"),
     ("GET", "/api/runs?name=%00", {}, 422, "name"),
     ("GET", "/api/runs?created_before=0001-01-01T00:00:00%2B01:00", {}, 422, "created_before"),
+    ("GET", "/api/runs?created_after=2026", {}, 422, "created_after"),  # not 1970-01-01T00:33:46Z
+    ("GET", "/api/runs?created_before=0.5", {}, 422, "created_before"),
     ("GET", "/api/specs?limit=-3", {}, 422, "limit"),
     ("GET", "/api/runs/987654", {}, 404, "run_id"),
     ("GET", "/api/runs/abc", {}, 422, "run_id"),
@@ -143,6 +152,7 @@ CASES = [
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 5, "kind": "log", "payload": {}}]}, 409, "seq"),
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 1, "kind": "weird", "payload": {}}]}, 422, "0.kind"),
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 0, "kind": "log", "payload": {}}]}, 422, "0.seq"),
+    ("POST", "/api/runs/{run}/events", {"json": [{"seq": 1, "kind": "log", "payload": {}, "ts": 0}]}, 422, "0.ts"),
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 1, "kind": "status", "payload": {"status": "done"}}]}, 422,
      "payload.status"),
     ("POST", "/api/runs/{run}/events", {"json": [{"seq": 1, "kind": "status", "payload": {"status": "succeeded"}}]},
@@ -175,7 +185,29 @@ def test_bad_input_is_a_clear_4xx(client, write_headers, existing, method, path,
     resp = client.request(method, path.format(**existing), headers=headers, **kwargs)
     assert resp.status_code == status, resp.text[:2000]
     assert resp.headers["content-type"].startswith("application/json")
+    assert_error_shape(resp.status_code, resp.json())
     error = resp.json()["error"]
-    assert error["code"] and error["message"]
     named = [error["field"] or ""] + [i.get("field") or "" for i in error["issues"]]
     assert any(n == field or n.startswith(field + ".") or n.endswith("." + field) for n in named), (field, error)
+
+
+@pytest.mark.parametrize("body,field,known", [
+    ({"spec": {}, "colour": "red"}, "colour", ["environment", "name", "spec", "spec_id"]),
+    ({"spec": {"": 1}}, "spec.", ["actor_rollout_ref", "algorithm", "attnboard", "critic", "custom_reward_function",
+                                  "data", "trainer"]),
+])
+def test_an_unknown_key_lists_the_valid_ones(client, write_headers, body, field, known):
+    error = client.post("/api/runs", json=body, headers=write_headers).json()["error"]
+    assert (error["field"], error["valid"]) == (field, known)
+
+
+@pytest.mark.parametrize("query,valid", [
+    ("limit=0", ">= 1"), ("limit=ten", "an integer"), ("offset=-1", ">= 0"), ("status=exploded", None),
+    ("name=" + "n" * 300, "at most 200 characters"),
+])
+def test_a_query_error_says_what_is_valid(client, query, valid):
+    error = client.get(f"/api/runs?{query}").json()["error"]
+    if valid is None:  # the run states, from the enum
+        assert error["valid"] == ["queued", "starting", "running", "succeeded", "failed", "cancelled"]
+    else:
+        assert error["valid"] == valid

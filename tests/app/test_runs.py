@@ -7,27 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app.models import Run
-from app.services.launcher import LauncherUnavailable
-from tests.app.factories import make_run, status_event, tiny_spec
-
-
-class RecordingLauncher:
-    """A launcher that accepts every run and remembers the calls (the Ray one comes with issue 4)."""
-
-    def __init__(self, fail: bool = False):
-        self.submitted: list[int] = []
-        self.cancelled: list[int] = []
-        self.fail = fail
-
-    def submit(self, run: Run) -> str | None:
-        if self.fail:
-            raise LauncherUnavailable("Ray at 127.0.0.1:6379 is not reachable")
-        self.submitted.append(run.id)
-        return f"job-{run.id}"
-
-    def cancel(self, run: Run) -> None:
-        self.cancelled.append(run.id)
+from tests.app.factories import RecordingLauncher, make_run, status_event, tiny_spec
 
 
 def _events(client, headers, run_id, *events):
