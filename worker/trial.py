@@ -9,9 +9,11 @@ and hardware before fixing the configuration". ``run_trial`` does exactly that:
 2. Each loadable one runs ``steps`` real PPO steps of the spec through the engine (``run_spec``, one Ray
    actor per rank) with that implementation on every role and the strict policy (no silent fallback);
    tokens/s, step time and peak memory come from the run's ``metric`` events.
-3. A numerical parity check loads the actor with each implementation from the SAME weights in fp32, runs
-   the same batch (left-padded, like rollout) and reports the largest absolute logit difference from
-   eager over the real (unpadded) positions.
+3. A numerical parity check loads the actor with each implementation from the SAME weights in the actor's
+   compute dtype (``actor_rollout_ref.actor.fsdp_config.dtype``: FlashAttention runs only in bf16/fp16),
+   eager included, runs the same batch (left-padded, like rollout) and reports the largest absolute logit
+   difference from eager over the real (unpadded) positions; the tolerance follows the dtype
+   (``parity_tolerance``).
 4. ``recommend`` picks the fastest implementation whose parity is within tolerance and says why, naming
    the figures; when the fastest two differ by less than the noise it says so and breaks the tie on
    memory, then on the fallback chain's order (``worker.availability.chain_position``: flash_attention_2,
@@ -38,6 +40,12 @@ from worker.spec import RunSpec, parse_spec, unflatten
 PARITY_REFERENCE = Impl.eager.value
 TOLERANCE_FP32 = 1e-4
 """Max absolute logit difference from eager accepted in fp32 (observed on the tiny models: < 1e-6)."""
+PARITY_ULPS = 32
+"""In bf16/fp16, differences up to this many units of the dtype's precision at the logits' scale are
+rounding (two kernels sum in another order; the tiny models differ by 1 ulp), while a broken kernel (a
+mask ignored, heads mixed up) is off by the order of the logits themselves."""
+EPSILON: dict[str, float] = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+"""``torch.finfo(dtype).eps`` of the compute dtypes a spec can name."""
 NOISE_FLOOR = 0.05
 """Step times closer than 5% (or than the steps' own spread, if larger) are within noise."""
 MEMORY_MARGIN = 0.05
@@ -278,17 +286,35 @@ def parity_batch(vocab_size: int, *, batch: int = 4, length: int = 32, seed: int
     return ids, mask
 
 
-def parity_check(folder: Path | str, implementations: Sequence[str], *, device: str = "cpu", batch: int = 4,
-                 length: int = 32, seed: int = 0) -> dict[str, float | str]:
-    """Max absolute logit difference from eager, in fp32, on the same weights and batch, over the real
-    (unpadded) positions: ``{impl: difference}``, or ``{impl: "Type: message"}`` when it cannot load."""
+def parity_tolerance(dtype: str, scale: float) -> float:
+    """The largest logit difference from eager that counts as rounding: ``TOLERANCE_FP32`` in fp32, else
+    ``PARITY_ULPS`` ulps of ``dtype`` at ``scale`` (the reference's largest absolute logit, at least 1)."""
+    if dtype == "float32":
+        return TOLERANCE_FP32
+    return PARITY_ULPS * EPSILON[dtype] * max(1.0, scale)
+
+
+@dataclass(frozen=True)
+class Parity:
+    """Per implementation the max absolute logit difference from eager, or ``"Type: message"`` when it
+    could not load; in ``dtype``, with the tolerance that applies there."""
+
+    differences: dict[str, float | str]
+    dtype: str
+    tolerance: float
+
+
+def parity_check(folder: Path | str, implementations: Sequence[str], *, device: str = "cpu", dtype: str = "float32",
+                 batch: int = 4, length: int = 32, seed: int = 0) -> Parity:
+    """Max absolute logit difference from eager on the same weights and batch, every model (eager too)
+    loaded in ``dtype`` (a torch dtype name), over the real (unpadded) positions."""
     import torch
 
     from worker import models
 
     def logits(impl: str) -> torch.Tensor:
         config = models.build_config(folder, {}, impl)  # fresh per attempt: a failed load mutates its config
-        model = models.load_causal_lm(folder, config, dtype=torch.float32).to(device).eval()
+        model = models.load_causal_lm(folder, config, dtype=getattr(torch, dtype)).to(device).eval()
         ids, mask = parity_batch(config.vocab_size, batch=batch, length=length, seed=seed)
         with torch.no_grad():
             out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # (B, T, V)
@@ -304,7 +330,7 @@ def parity_check(folder: Path | str, implementations: Sequence[str], *, device: 
             out[impl] = float((logits(impl) - reference).abs().max())
         except Exception as exc:  # noqa: BLE001 - a failure to load is the answer for that column
             out[impl] = f"{type(exc).__name__}: {exc}"
-    return out
+    return Parity(out, dtype, parity_tolerance(dtype, float(reference.abs().max())))
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,12 +359,15 @@ def run_trial(
     env: Environment,
     model_roots: Sequence[Path] = (),
     cache_dir: Path | str | None = None,
-    tolerance: float = TOLERANCE_FP32,
+    tolerance: float | None = None,
     run: Runner | None = None,
     on_column: Callable[[Column], None] | None = None,
     trial_id: str = "trial",
 ) -> TrialResult:
     """Run ``steps`` PPO steps of ``spec`` per implementation, check parity with eager, recommend one.
+
+    The parity check runs in the actor's compute dtype; ``tolerance`` None takes that dtype's
+    (``parity_tolerance``).
 
     Ray must be initialised (the engine schedules one actor per rank). ``run`` defaults to
     ``worker.engine.run_spec``; ``on_column`` sees each column as soon as it is measured.
@@ -367,9 +396,12 @@ def run_trial(
             on_column(column)
 
     ran = [c.implementation for c in columns if c.status == "ok"]
-    parity = parity_check(actor_folder, ran, device=base.trainer.device) if ran else {}
+    compute_dtype = base.precision("actor")[0]
+    parity = parity_check(actor_folder, ran or [PARITY_REFERENCE], device=base.trainer.device, dtype=compute_dtype)
+    if tolerance is None:
+        tolerance = parity.tolerance
     for column in columns:
-        found = parity.get(column.implementation)
+        found = parity.differences.get(column.implementation) if ran else None
         if isinstance(found, float):
             column.parity_max_abs_diff = found
             column.parity_ok = found <= tolerance

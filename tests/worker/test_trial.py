@@ -18,6 +18,8 @@ from worker.trial import (
     TrialResult,
     figures_from_events,
     parity_check,
+    parity_tolerance,
+    PARITY_ULPS,
     recommend,
     summarize,
     trial_spec,
@@ -185,10 +187,34 @@ def test_parity_of_eager_and_sdpa_on_the_same_weights_is_below_tolerance(tmp_pat
     from worker.models import ensure_builtin_folder
 
     folder = ensure_builtin_folder("builtin:tiny-llama", tmp_path)
-    out = parity_check(folder, ["eager", "sdpa", "flash_attention_2"])
+    parity = parity_check(folder, ["eager", "sdpa", "flash_attention_2"])
+    out = parity.differences
+    assert (parity.dtype, parity.tolerance) == ("float32", TOLERANCE_FP32)
     assert out["eager"] == 0.0
     assert isinstance(out["sdpa"], float) and 0.0 <= out["sdpa"] < TOLERANCE_FP32
     assert isinstance(out["flash_attention_2"], str) and out["flash_attention_2"].startswith("ImportError")
+
+
+def test_parity_in_bf16_loads_every_model_in_bf16_and_allows_its_rounding(tmp_path):
+    """FlashAttention runs only in bf16/fp16, so the parity check runs in the actor's compute dtype; eager and
+    sdpa then differ by bf16 rounding (1 ulp on the tiny model), far inside the bf16 tolerance."""
+    from worker.models import ensure_builtin_folder
+
+    folder = ensure_builtin_folder("builtin:tiny-llama", tmp_path)
+    parity = parity_check(folder, ["eager", "sdpa"], dtype="bfloat16")
+    assert parity.dtype == "bfloat16"
+    assert parity.tolerance == pytest.approx(PARITY_ULPS * 2.0**-7)  # the tiny model's logits are below 1
+    assert 0.0 < parity.differences["sdpa"] <= parity.tolerance  # bf16 rounding shows, and is accepted
+
+
+@pytest.mark.parametrize("dtype,scale,expected", [
+    ("float32", 50.0, TOLERANCE_FP32),  # fp32: absolute, the kernels agree to ~1e-7
+    ("bfloat16", 0.5, 32 * 2.0**-7),  # at least 1 as the scale
+    ("bfloat16", 20.0, 32 * 2.0**-7 * 20.0),  # real models' logits: the ulp grows with them
+    ("float16", 20.0, 32 * 2.0**-10 * 20.0),
+])
+def test_parity_tolerance_follows_the_dtype_and_the_logits_scale(dtype, scale, expected):
+    assert parity_tolerance(dtype, scale) == pytest.approx(expected)
 
 
 # The real trial (Ray, two ranks per implementation) runs once, through the API: tests/app/test_trials.py.
