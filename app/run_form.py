@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from worker.attention import BUILTIN_NAMES
-from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree
+from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree, tree_get
 
 Widget = Literal["text", "number", "checkbox", "select", "attention", "mapping", "passthrough"]
 
@@ -265,19 +265,12 @@ def spec_to_form_values(spec: RunSpec) -> dict[str, Any]:
             passthrough = spec.verl_passthrough
             values[f.key] = yaml.safe_dump(passthrough, default_flow_style=False, sort_keys=False,
                                            allow_unicode=True).strip() if passthrough else ""
-        elif isinstance(tree_value(tree, f.key), list):
-            values[f.key] = yaml.safe_dump(tree_value(tree, f.key), default_flow_style=True).strip()
+        elif isinstance(tree_get(tree, f.key), list):
+            values[f.key] = yaml.safe_dump(tree_get(tree, f.key), default_flow_style=True).strip()
         else:
             value = flat.get(f.key)
             values[f.key] = value if f.widget == "checkbox" else ("" if value is None else str(value))
     return values
-
-
-def tree_value(tree: dict[str, Any], key: str) -> Any:
-    node: Any = tree
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def issues_by_field(issues: list[Issue]) -> dict[str, list[Issue]]:

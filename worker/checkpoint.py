@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from worker.spec import DEFAULT_LOCAL_DIR, Issue, RunSpec
+from worker.spec import DEFAULT_LOCAL_DIR, Issue, RunSpec, tree_get
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = "checkpoint.json"
@@ -381,9 +381,9 @@ def fit_issues(meta: dict[str, Any], *, models: dict[str, dict[str, Any]], spec_
     for role, now in models.items():
         section = MODEL_SECTIONS[role]
         if role not in saved_models:
-            issues.append(Issue("algorithm.adv_estimator", _get(spec_tree, "algorithm.adv_estimator"),
+            issues.append(Issue("algorithm.adv_estimator", tree_get(spec_tree, "algorithm.adv_estimator"),
                                 f"the checkpoint at {path} holds no {role} (it was saved by a run with "
-                                f"algorithm.adv_estimator={_get(saved_tree, 'algorithm.adv_estimator')!s}): resume "
+                                f"algorithm.adv_estimator={tree_get(saved_tree, 'algorithm.adv_estimator')!s}): resume "
                                 f"refused"))
             continue
         before = saved_models[role].get("shape") or {}
@@ -391,7 +391,7 @@ def fit_issues(meta: dict[str, Any], *, models: dict[str, dict[str, Any]], spec_
         for attr in SHAPE_KEYS:
             if before.get(attr) == after.get(attr):
                 continue
-            overrides = [_get(tree, f"{section}.override_config") or {} for tree in (saved_tree, spec_tree)]
+            overrides = [tree_get(tree, f"{section}.override_config") or {} for tree in (saved_tree, spec_tree)]
             key = (f"{section}.override_config.{attr}" if any(attr in o for o in overrides if isinstance(o, dict))
                    else f"{section}.path")
             issues.append(Issue(key, after.get(attr),
@@ -400,10 +400,3 @@ def fit_issues(meta: dict[str, Any], *, models: dict[str, dict[str, Any]], spec_
                                 f"not fit); resume with the spec it was saved with, or set "
                                 f"trainer.resume_mode=disable", valid=[before.get(attr)]))
     return issues
-
-
-def _get(tree: dict[str, Any], dotted: str) -> Any:
-    node: Any = tree
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node

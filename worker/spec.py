@@ -456,6 +456,14 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
+def tree_get(tree: dict[str, Any], dotted: str) -> Any:
+    """``tree_get({"a": {"b": 1}}, "a.b") -> 1``; None where a part of the path is missing."""
+    node: Any = tree
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out = dict(a)
     for k, v in b.items():
@@ -767,9 +775,7 @@ def _attention_issues(tree: dict[str, Any]) -> list[Issue]:
     """Unknown attention names, reported on the exact key with the list of valid names."""
     issues = []
     for dotted in OPEN_DICT_FIELDS:
-        node: Any = tree
-        for part in dotted.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
+        node = tree_get(tree, dotted)
         attn = node.get("attn_implementation") if isinstance(node, dict) else None
         if attn is not None and (not isinstance(attn, str) or not is_valid_name(attn)):
             issues.append(Issue(f"{dotted}.attn_implementation", attn,
