@@ -79,7 +79,7 @@ def test_preview_shows_what_verls_rollout_engine_runs_apart(client):
     assert "override_config does not reach it" in rollout.get_text(" ", strip=True)
     for role in ("actor", "reference", "critic"):
         assert rows[role].select_one("td.under-verl code") is None
-    assert [th.get_text(strip=True) for th in page.select("#preview table.resolution thead th")][5] == "under verl"
+    assert [th.get_text(strip=True) for th in page.select("#preview table.resolution thead th")][6] == "under verl"
 
 
 @pytest.mark.parametrize(
