@@ -11,19 +11,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from worker.environment import Environment, UnknownProfileError, environment_from, PROFILES
-from worker.preview import preview
-from worker.resolution import Resolution
+from worker.attention.preview import preview
+from worker.attention.resolution import Resolution
+from worker.core.environment import PROFILES, Environment, UnknownProfileError, environment_from
+from worker.interop.specfile import load_spec_file
+from worker.interop.verl import VerlImportError, export_command, export_yaml
 from worker.spec import PASSTHROUGH, SpecError
-from worker.specfile import load_spec_file
-from worker.verl import VerlImportError, export_command, export_yaml
 
 EXIT_INVALID = 2
 
@@ -62,7 +62,7 @@ def _load(spec_path: Path, as_json: bool):
         _fail(str(exc), as_json=as_json, issues=[i.as_dict() for i in exc.issues])
 
 
-def _environment(env: str, env_file: Optional[Path], as_json: bool) -> Environment:
+def _environment(env: str, env_file: Path | None, as_json: bool) -> Environment:
     try:
         if env_file is not None:
             return environment_from(json.loads(env_file.read_text(encoding="utf-8")))
@@ -104,7 +104,7 @@ def print_resolution(resolution: Resolution) -> None:
 def resolve_cmd(
     spec: Annotated[Path, typer.Argument(help="Spec file: YAML/JSON, or a verl command line.")],
     env: Annotated[str, typer.Option("--env", help=f"Target profile: {', '.join(PROFILES)}.")] = "cpu",
-    env_file: Annotated[Optional[Path], typer.Option("--env-file", help="A probe result (JSON) instead of a profile.")] = None,
+    env_file: Annotated[Path | None, typer.Option("--env-file", help="A probe result (JSON) instead of a profile.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show, per role, which attention implementation will run and why, and every issue a launch would
@@ -233,9 +233,9 @@ def submit_cmd(
     spec: Annotated[Path, typer.Argument(help="Spec file: YAML/JSON, or a verl command line.")],
     server: Annotated[str, typer.Option("--server", envvar="ATTNBOARD_SERVER",
                                         help="The attnboard server (env ATTNBOARD_SERVER).")] = "http://127.0.0.1:8000",
-    token: Annotated[Optional[str], typer.Option("--token", envvar="ATTNBOARD_TOKEN",
+    token: Annotated[str | None, typer.Option("--token", envvar="ATTNBOARD_TOKEN",
                                                  help="An API token with the write scope (env ATTNBOARD_TOKEN).")] = None,
-    name: Annotated[Optional[str], typer.Option("--name", help="The run's name.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The run's name.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the run finishes; the exit code tells how.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="With --wait: give up after this many seconds.")] = 3600,
     as_json: JsonOpt = False,
@@ -328,9 +328,9 @@ def token_create_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Create an API token; its secret is shown once, only its hash is stored."""
-    from app.core.config import get_settings
     from sqlmodel import Session
 
+    from app.core.config import get_settings
     from app.db import make_engine, run_migrations
     from app.services.tokens import create_token
 

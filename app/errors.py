@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from worker.pydantic_errors import valid_for
+from worker.core.pydantic_errors import valid_for
 from worker.spec import Issue, SpecError
 
 log = logging.getLogger("attnboard.errors")
@@ -92,7 +92,7 @@ class AppError(Exception):
         })
 
     @classmethod
-    def from_spec_error(cls, exc: SpecError, *, prefix: str = "spec") -> "AppError":
+    def from_spec_error(cls, exc: SpecError, *, prefix: str = "spec") -> AppError:
         """422 for a spec with problems: the first error is the headline, ``issues`` lists them all."""
         issues = [_prefixed(i, prefix) for i in exc.issues]
         first = next((i for i in issues if i["severity"] == "error"), issues[0])

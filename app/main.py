@@ -21,16 +21,16 @@ from app.core.config import Settings, database_identity, get_settings
 from app.db import make_engine, run_migrations
 from app.errors import ERROR_RESPONSES, install_error_handlers
 from app.middleware import BodySizeLimit
-from app.routes import health, pages, runs, specs, tokens, tools, troubleshooting, trials
-from app.services.auth import bearer_authenticator
 from app.models import Run
-from app.services.launcher import Launcher
+from app.routes import health, pages, runs, specs, tokens, tools, trials, troubleshooting
+from app.services import trials as trials_service
+from app.services.auth import bearer_authenticator
 from app.services.feeds import RunFeeds
+from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
 from app.services.ray_launcher import ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
-from worker.contract import host_name
-from app.services import trials as trials_service
+from worker.core.contract import host_name
 
 log = logging.getLogger("attnboard")
 
@@ -102,7 +102,7 @@ def _start_ray(app: FastAPI, settings: Settings) -> Supervisor:
         launcher.warm()
     except RayUnavailable as exc:
         log.error("Ray is not available yet (%s); runs stay queued until it is", exc)
-    except Exception:  # noqa: BLE001 - the first launch starts the engine host instead
+    except Exception:
         log.exception("could not start the engine host now; the first run starts it")
     app.state.launcher = launcher
     supervisor = Supervisor(app.state.engine, launcher, app.state.run_changes)

@@ -9,15 +9,15 @@ migrations drift apart.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic_core import PydanticCustomError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, computed_field, model_validator
+from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from worker.contract import TERMINAL, Kind, RunState
+from worker.core.contract import TERMINAL, Kind, RunState
 
 # Constraint names that are the same on SQLite and PostgreSQL, so migrations can refer to them.
 SQLModel.metadata.naming_convention = {
@@ -34,12 +34,12 @@ DESCRIPTION_MAX = 4000
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _as_utc(value: datetime) -> datetime:
     """SQLite hands timestamps back without a zone; they were written in UTC."""
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
@@ -175,7 +175,7 @@ class SpecsPublic(BaseModel):
 
 
 RunStatus = RunState
-"""The run states of PRODUCT.md's contract, one definition shared with the worker (``worker.contract``)."""
+"""The run states of PRODUCT.md's contract, one definition shared with the worker (``worker.core.contract``)."""
 
 
 TERMINAL_STATUSES = frozenset(RunStatus(value) for value in TERMINAL)
@@ -232,7 +232,7 @@ class RunResume(RunRetry):
 
 
 class CheckpointPublic(BaseModel):
-    """A complete checkpoint of a run (``worker.checkpoint``)."""
+    """A complete checkpoint of a run (``worker.engine.checkpoint``)."""
 
     step: int
     path: str
@@ -339,7 +339,7 @@ class RunWaitPublic(BaseModel):
 
 
 EventKind = Kind
-"""Event kinds of PRODUCT.md's contract, shared with the worker (``worker.contract``)."""
+"""Event kinds of PRODUCT.md's contract, shared with the worker (``worker.core.contract``)."""
 
 
 class EventBase(SQLModel):

@@ -8,7 +8,7 @@ answers (``...Public``).
 - ``TroubleshootingNote``: what people write on an entry.
 - ``EnvironmentRecheck``: a probe result posted to ``/api/troubleshooting/recheck``; with the runs'
   own ``env_probe`` events it tells whether a cause is gone (return to the fast path).
-- ``Trial``: an attention trial, its request and (once done) its ``worker.trial.TrialResult`` as JSON.
+- ``Trial``: an attention trial, its request and (once done) its ``worker.engine.trial.TrialResult`` as JSON.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class TroubleshootingEntry(SQLModel, table=True):
                                     description="A label of the node the error happened on, e.g. 'cpu, no flash-attn'.")
     env: dict[str, Any] | None = Field(default=None, sa_type=JSON, nullable=True, description="The probe's facts.")
     error: str = Field(sa_type=Text, description="The original error text.")
-    diagnosis: dict[str, Any] = Field(sa_type=JSON, nullable=False, description="worker.classify.Diagnosis.as_dict().")
+    diagnosis: dict[str, Any] = Field(sa_type=JSON, nullable=False, description="worker.troubleshoot.classify.Diagnosis.as_dict().")
     created_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
 
 
@@ -93,7 +93,7 @@ class EntryRetry(_Request):
 
 
 class RecheckCreate(_Request):
-    environment: str | dict[str, Any] = Field(description="A profile name or a probe result (worker.probe).")
+    environment: str | dict[str, Any] = Field(description="A profile name or a probe result (worker.engine.probe).")
 
 
 class FastPath(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel
 
-from worker.attention import BUILTIN_NAMES
+from worker.core.implementations import BUILTIN_NAMES
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree, tree_get
 
 Widget = Literal["text", "number", "checkbox", "select", "attention", "mapping", "passthrough"]

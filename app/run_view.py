@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from worker.contract import TERMINAL
+from worker.core.contract import TERMINAL
 
 TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch", "restart"})
 ROLE_ORDER = ("actor", "rollout", "reference", "critic")

@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -54,7 +54,7 @@ def fill(url: str, runs: int, events: int) -> float:
     """Bulk insert with SQL: ``runs`` runs, ``events`` events spread evenly, seq contiguous per run."""
     t0 = time.perf_counter()
     per_run = events // runs
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     spec = json.dumps(SPEC)
     if url.startswith("sqlite"):
         import sqlite3
@@ -264,7 +264,7 @@ def main() -> None:
     lines = [
         "# API reads under load",
         "",
-        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M UTC}",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / "
         f"{load[2]:.1f} at the end (a shared machine; server, clients and PostgreSQL all run on it)",
         f"- data: {args.runs:,} runs and {args.events:,} events inserted with SQL (then `ANALYZE` on SQLite,",

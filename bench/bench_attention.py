@@ -29,12 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, whether run with -m or as a script
-from common import machine, write_result  # noqa: E402
+from common import machine, write_result
 
 ROLES = ("actor", "critic", "reference", "rollout")
 IMPLEMENTATIONS = ("eager", "sdpa")
@@ -49,7 +49,7 @@ def _setup(folder: str, role: str, impl: str, seq: int, *, batch: int, new_token
     """The role's model with ``impl`` and a ``step`` callable doing the role's work once."""
     import torch
 
-    from worker import models
+    from worker.engine import models
     from worker.engine.compute import generate
 
     config = models.build_config(folder, {}, impl)
@@ -205,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
 
-    from worker import models
+    from worker.engine import models
 
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     info = machine()
     with tempfile.TemporaryDirectory() as cache:
         folder = str(models.resolve_model_path(args.model, [Path(args.model).parent] if not models.is_builtin(args.model)

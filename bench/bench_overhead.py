@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling bench module
-from bench_trl import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, Side, run_attnboard, start_problem  # noqa: E402
-from common import load_text, local_ray, write_result  # noqa: E402
+from bench_trl import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, Side, run_attnboard, start_problem
+from common import load_text, local_ray, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("generate", "log-probs (old, ref, values)", "actor update", "critic update")
@@ -68,7 +68,7 @@ class Models:
     wrapped as the engine wraps them (``fsdp=True``, needs a process group)."""
 
     def __init__(self, folder: Path, *, fsdp: bool = False):
-        from worker import models
+        from worker.engine import models
 
         wrap = fsdp2_world_1 if fsdp else (lambda module: module)
         self.actor = wrap(models.load_causal_lm(folder, models.build_config(folder, {}, "sdpa")))
@@ -80,7 +80,8 @@ class Models:
 
 def prompt_batch(folder: Path) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """The engine's first batch shape: 8 prompts x 4 samples, left-padded -> ids, mask (N, P), eos, pad."""
-    from worker import data, models
+    from worker.engine import models
+    from worker.ppo import data
 
     tok = models.load_tokenizer(folder)
     rows = data.load_prompts(TASK, tok, MAX_PROMPT, seed=0)[:PROMPTS]
@@ -180,8 +181,8 @@ def plain_step(m: Models, ids: torch.Tensor, mask: torch.Tensor, r: int, generat
 
 def inprocess_step(m: Models, ids: torch.Tensor, mask: torch.Tensor, r: int, eos: int, pad: int,
                    generator: torch.Generator) -> dict[str, float]:
-    from worker import ppo_math
     from worker.engine import compute
+    from worker.ppo import core_algos as ppo_math
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -24,7 +24,6 @@ import asyncio
 import math
 import multiprocessing
 import os
-import platform
 import random
 import re
 import statistics
@@ -34,7 +33,7 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +125,7 @@ async def _viewer(host: str, port: int, run_id: int, viewer: Viewer, start_at: f
                 last_id = viewer.arrivals[-1][0]
             if dropped and not viewer.ended:
                 await asyncio.sleep(1.0)
-    except Exception as exc:  # noqa: BLE001 - reported per viewer
+    except Exception as exc:
         viewer.error = f"{type(exc).__name__}: {exc}"
 
 
@@ -399,12 +398,12 @@ def main() -> None:
     lines = [
         "# The live run page under load: server-sent events",
         "",
-        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M UTC}",
         f"- machine: {m['host']}, {m['cpu']}, {m['cores']} cores (shared with other jobs), GPU {m['gpu']}, "
         f"Python {m['python']}, torch {m['torch']}; load average {load_text(load0)} at the start, "
         f"{load_text(load)} at the end (the app, Ray, the run and the clients all run on it)",
         "- app: `attnboard serve` (uvicorn, embedded Ray with 2 CPUs, engine host, supervisor), SQLite",
-        f"- run: `worker.presets.tiny_cpu_spec` on 1 rank, {args.steps} steps (cancelled after the measurement); "
+        f"- run: `worker.spec.presets.tiny_cpu_spec` on 1 rank, {args.steps} steps (cancelled after the measurement); "
         f"{len(counted)} events stored in the {window[1] - window[0]:.0f} s counted ({rate:.1f} per second: a "
         "metric per PPO step)",
         f"- load: {args.viewers} viewers (each loads `/runs/{{id}}` and follows its `sse-connect` stream; opened "

@@ -17,7 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -108,12 +108,12 @@ def main() -> None:
     lines = [
         "# Submit -> first metric event",
         "",
-        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M UTC}",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / "
         f"{load[2]:.1f} at the end (a shared machine)",
         "- app: `attnboard serve`, embedded Ray (2 CPUs), SQLite; one warm-up run first, then the runs one after "
         "another",
-        "- run: `worker.presets.tiny_cpu_spec` with 1 rank (`trainer.n_gpus_per_node=1`), cancelled after its first "
+        "- run: `worker.spec.presets.tiny_cpu_spec` with 1 rank (`trainer.n_gpus_per_node=1`), cancelled after its first "
         "metric",
         f"- command: `.venv/bin/python bench/bench_submit.py {' '.join(sys.argv[1:])}`",
         "- target: median <= 3 s on a warm app with the default settings",

@@ -8,7 +8,7 @@ callback (synchronous, on the controller's thread, while the engine's rank waits
 in a thread and waits for it to end.
 
 - the same weights: ``builtin:tiny-llama`` materialised as an HF folder; the causal LM is the policy and the
-  reference, ``worker.models.load_value_model`` (token classification, 1 label, the score head seeded) the
+  reference, ``worker.engine.models.load_value_model`` (token classification, 1 label, the score head seeded) the
   critic and, for TRL, also the reward model; sdpa attention, fp32, CPU;
 - the same batch: 32 sequences a step (attnboard: 8 ``builtin:count`` prompts x ``rollout.n`` 4; TRL: 32 of
   the same prompts), prompts of 14 tokens, ``--response-length`` sampled tokens at temperature 1;
@@ -34,11 +34,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import load_text, local_ray, machine, write_result  # noqa: E402 - bench/ is on sys.path when run
+from common import load_text, local_ray, machine, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "_work"
@@ -71,7 +71,7 @@ class Side:
 
 
 def attnboard_spec(steps: int, response_length: int):
-    from worker.presets import tiny_cpu_spec
+    from worker.spec.presets import tiny_cpu_spec
 
     return tiny_cpu_spec(**{
         "trainer.n_gpus_per_node": 1,
@@ -133,7 +133,8 @@ class TrlStepper:
         import datasets
         from transformers import TrainerCallback
 
-        from worker import data, models
+        from worker.engine import models
+        from worker.ppo import data
 
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         from trl.experimental.ppo import PPOConfig, PPOTrainer
@@ -197,7 +198,7 @@ class TrlStepper:
         torch.set_num_threads(1)  # as the engine's rank (the Trainer set-up may have changed it)
         try:
             self.trainer.train()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by step()
+        except BaseException as exc:
             self.error = exc
             self.done.set()
 
@@ -316,10 +317,10 @@ def start_problem() -> tuple[datetime, tuple[float, ...], dict[str, Any], Path, 
     time and load average, the machine, and the tiny-llama folder -> (started, load, machine, cache, folder)."""
     import torch
 
-    from worker import models
+    from worker.engine import models
 
     torch.set_num_threads(1)
-    started, load = datetime.now(timezone.utc), os.getloadavg()
+    started, load = datetime.now(UTC), os.getloadavg()
     cache_dir = WORK / "models"
     return started, load, machine(), cache_dir, models.ensure_builtin_folder("builtin:tiny-llama", cache_dir)
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +207,8 @@ def ppo_step(worker: Any, *, rows: int, seq: int, response: int, micro_rows: int
     """One gae PPO step through the rank's own methods -> its wall time (device synchronised)."""
     import torch
 
-    from worker import ppo_math
     from worker.engine import compute
+    from worker.ppo import core_algos as ppo_math
 
     prompt = seq - response
     gen = torch.Generator().manual_seed(100 + step)
@@ -277,7 +277,7 @@ def check_implementation(column: Column, *, folder: Path, preset: Preset, args: 
                 unit.step_times.append(ppo_step(worker, rows=unit.rows, seq=unit.seq, response=preset.response,
                                                 micro_rows=micro, vocab=vocab, device=device, step=step,
                                                 compute_dtype=args.compute_dtype))
-        except Exception as exc:  # noqa: BLE001 - an out-of-memory or kernel error is this unit's result
+        except Exception as exc:
             unit.status, unit.reason = "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
             traceback.print_exc()
             _free(device)
@@ -332,7 +332,7 @@ def render(columns: list[Column], *, probe: dict, preset_name: str, preset: Pres
     lines = [
         "# Device check: attention implementations on one device",
         "",
-        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {'finished' if finished else 'in progress'} "
+        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {'finished' if finished else 'in progress'} "
         f"after {time.monotonic() - started:.0f} s",
         f"- machine: {probe.get('hostname')}, device {probe['device']}, {gpu}"
         + (f" (sm{cc[0]}{cc[1]})" if cc else "") + f", {os.cpu_count()} CPU cores",
@@ -457,9 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--seqs: every length must exceed the {preset.response} generated tokens", file=sys.stderr)
         return 2
 
+    from worker.core.environment import Environment
+    from worker.engine.probe import environment_fields, probe_environment
     from worker.engine.rank import RankWorker, free_port
-    from worker.environment import Environment
-    from worker.probe import environment_fields, probe_environment
 
     probe = probe_environment()
     env = Environment.from_dict(environment_fields(probe)).to_dict()
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 check_implementation(column, folder=folder, preset=preset, args=args, env=env,
                                      reference_logits=reference_logits, deadline=deadline, on_progress=progress)
-            except Exception as exc:  # noqa: BLE001 - the report says what failed; the next implementation runs
+            except Exception as exc:
                 column.status, column.reason = "failed", f"{type(exc).__name__}: {exc}"
                 traceback.print_exc()
             _free(args.device)

@@ -1,4 +1,4 @@
-"""Capture real attention-related tracebacks from this machine into tests/worker/fixtures/tracebacks/.
+"""Capture real attention-related tracebacks from this machine into tests/worker/troubleshoot/fixtures/tracebacks/.
 
 Each scenario runs real code in the project's venv (torch CPU build, transformers 5.x, no flash-attn,
 no `kernels`, no hydra), catches the exception and writes `traceback.format_exception` text to
@@ -23,7 +23,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "worker" / "fixtures" / "tracebacks"
+OUT = Path(__file__).resolve().parent.parent / "tests" / "worker" / "troubleshoot" / "fixtures" / "tracebacks"
 
 HAND_WRITTEN_MARK = "# hand-written from ATTENTION_RULES.md (hydra is not installed here), not captured"
 

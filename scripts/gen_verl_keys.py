@@ -1,4 +1,4 @@
-"""Regenerate worker/verl_keys.py from the installed verl wheel's generated default config.
+"""Regenerate worker/spec/verl_defaults.py from the installed verl wheel's generated default config.
 
     .venv/bin/python scripts/gen_verl_keys.py
 

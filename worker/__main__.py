@@ -28,8 +28,8 @@ EXIT = {"succeeded": 0, "failed": 1, "cancelled": 3}
 def _load_spec(path: str, resume: str | None = None):
     """A spec file (YAML, JSON or a verl command line) -> (RunSpec, warnings); ``resume``: a checkpoint
     (``global_step_N``) or a folder of them, set as ``trainer.resume_mode=resume_path``."""
+    from worker.interop.specfile import load_spec_file
     from worker.spec import parse_spec, spec_to_tree
-    from worker.specfile import load_spec_file
 
     result = load_spec_file(path)
     spec = result.spec
@@ -113,11 +113,11 @@ class _Console:
 def _run(args: argparse.Namespace) -> int:
     import ray
 
-    from worker import models
+    from worker.engine import models
     from worker.engine.controller import RunOptions, Trainer
     from worker.engine.events import EventLog, RunState
+    from worker.interop.verl import VerlImportError
     from worker.spec import SpecError
-    from worker.verl import VerlImportError
 
     try:
         spec, warnings = _load_spec(args.spec, args.resume)

@@ -185,7 +185,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _materialise(self) -> "Settings":
+    def _materialise(self) -> Settings:
         """Create the data folder, derive the default database URL, load or generate the secret key."""
         try:
             self.DATA_DIR.mkdir(parents=True, exist_ok=True)

@@ -19,24 +19,46 @@ from app import auth_browser
 from app.deps import SessionDep, get_launcher
 from app.errors import AppError, render_error
 from app.models import Run, RunCreate, RunStatus
-from app.run_view import CHARTS, MAX_MEMORY_MB, REWARD_KEYS, STEP_TIME_S, TOKENS_PER_S, RunView, aligned_series, \
-    apply_event, eager_settings, fold, format_eta, max_of, mean_of, role_badges, series, spec_differences
+from app.run_form import (
+    ATTENTION_HELP,
+    FIELDS,
+    FormError,
+    form_to_spec_data,
+    grouped_fields,
+    issues_by_field,
+    spec_to_form_values,
+)
+from app.run_view import (
+    CHARTS,
+    MAX_MEMORY_MB,
+    REWARD_KEYS,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    RunView,
+    aligned_series,
+    apply_event,
+    eager_settings,
+    fold,
+    format_eta,
+    max_of,
+    mean_of,
+    role_badges,
+    series,
+    spec_differences,
+)
 from app.services import checkpoints as checkpoints_service
 from app.services import events as events_service
-from app.services.feeds import RunFeed
 from app.services import runs as runs_service
 from app.services import tokens as tokens_service
-from app.services.probes import NodeProbe, latest_node_probe
 from app.services.auth import Principal, current_principal
-
-from app.run_form import ATTENTION_HELP, FIELDS, FormError, form_to_spec_data, grouped_fields, issues_by_field, \
-    spec_to_form_values
+from app.services.feeds import RunFeed
+from app.services.probes import NodeProbe, latest_node_probe
 from app.web import STATIC_DIR, add_security_headers, render, templates
-from worker.environment import PROFILES, Environment
-from worker.resolution import Resolution, resolve
+from worker.attention.resolution import Resolution, resolve
+from worker.core.environment import PROFILES, Environment
+from worker.interop.specfile import detect_format
+from worker.interop.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
 from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
-from worker.specfile import detect_format
-from worker.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -73,7 +95,7 @@ DEFAULT_ENV = "cpu"
 def starting_spec() -> RunSpec:
     """The spec a new form starts from: the tiny CPU preset when the worker provides it."""
     try:
-        from worker.presets import tiny_cpu_spec
+        from worker.spec.presets import tiny_cpu_spec
     except ImportError:  # the presets module lands with the worker; verl's defaults until then
         return RunSpec()
     return tiny_cpu_spec()
@@ -554,8 +576,8 @@ def install(app: FastAPI) -> None:
         return redirect(f"/login?next={request.url.path}")
 
     async def app_error(request: Request, exc: AppError) -> Response:
-        if request.url.path.startswith("/api") or "text/html" not in request.headers.get("accept", "") \
-                and request.headers.get("HX-Request") != "true":
+        if request.url.path.startswith("/api") or ("text/html" not in request.headers.get("accept", "") \
+                and request.headers.get("HX-Request") != "true"):
             return render_error(request, exc)
         if not hasattr(request.state, "csrf_token"):
             request.state.csrf_token = auth_browser.csrf_token_for(request)

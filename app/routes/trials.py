@@ -24,7 +24,7 @@ from app.routes.pages import CSRF, FormState, PageUser, page_context, redirect, 
 from app.routes.params import Limit, Offset
 from app.services import trials as service
 from app.web import render
-from worker.attention import FALLBACK_CHAIN
+from worker.core.implementations import FALLBACK_CHAIN
 
 router = APIRouter(prefix="/api/trials", tags=["trials"])
 pages = APIRouter(tags=["pages"], include_in_schema=False)

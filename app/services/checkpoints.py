@@ -1,6 +1,6 @@
 """A run's checkpoints as the app shows them, and "resume from checkpoint" for a failed or cancelled run.
 
-The engine writes checkpoints (``worker.checkpoint`` has the layout and the rules); the app reads the same
+The engine writes checkpoints (``worker.engine.checkpoint`` has the layout and the rules); the app reads the same
 folder: run N's relative ``trainer.default_local_dir`` lies under ``<CHECKPOINT_DIR>/N``
 (``Settings.checkpoint_root``), an absolute one where it says. What is listed is what is on disk: a pruned
 checkpoint is gone, an interrupted write is listed as skipped with the reason.
@@ -20,7 +20,7 @@ from sqlmodel import Session
 from app.errors import AppError
 from app.models import CheckpointPublic, CheckpointsPublic, Run, RunStatus
 from app.services.launcher import Launcher
-from worker import checkpoint
+from worker.engine import checkpoint
 from worker.spec import SpecError, parse_spec
 
 RESUMABLE_STATUSES = (RunStatus.failed.value, RunStatus.cancelled.value)

@@ -10,6 +10,7 @@ transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 

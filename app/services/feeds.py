@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from app.models import Event, Run
 from app.services.events import MAX_EVENTS_PAGE, events_since
 from app.services.pump import RunChanges
-from worker.contract import TERMINAL
+from worker.core.contract import TERMINAL
 
 log = logging.getLogger("attnboard.feeds")
 
@@ -98,7 +98,7 @@ class RunFeed:
                     self._publish()
                 if len(batch.events) < MAX_EVENTS_PAGE and not batch.finished:
                     await self.changes.wait(POLL_S, since=seen)
-        except Exception as exc:  # noqa: BLE001 - the streams read on their own from now on (and see the error)
+        except Exception as exc:
             log.warning("run %s: feed stopped: %s", self.run_id, exc)
             self.error = exc
             self._publish()

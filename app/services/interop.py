@@ -1,6 +1,6 @@
 """Resolution preview and verl interop at the app's edge: untrusted input in, AppErrors out.
 
-The rules themselves live in the worker package (``worker.resolution``, ``worker.verl``); this module
+The rules themselves live in the worker package (``worker.attention.resolution``, ``worker.interop.verl``); this module
 turns their exceptions into errors naming the field, the value and what is valid, and guards the YAML
 parser against alias bombs and runaway nesting before the text reaches it.
 """
@@ -13,11 +13,11 @@ from typing import Any, Literal
 import yaml
 
 from app.errors import AppError
-from worker.environment import PROFILES, Environment, InvalidEnvironment, UnknownProfileError, environment_from
-from worker import verl
-from worker.preview import preview
+from worker.attention.preview import preview
+from worker.core.environment import PROFILES, Environment, InvalidEnvironment, UnknownProfileError, environment_from
+from worker.interop import verl
+from worker.interop.specfile import detect_format
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec, spec_to_tree
-from worker.specfile import detect_format
 
 ImportFormat = Literal["cli", "yaml", "auto"]
 ExportFormat = Literal["cli", "yaml"]
@@ -35,7 +35,7 @@ def issue_dicts(issues: list[Issue], prefix: str = "spec") -> list[dict[str, Any
 
 
 def environment_of(value: str | dict[str, Any], *, field: str = "environment") -> Environment:
-    """A profile name or a probe dict -> Environment (``worker.environment.environment_from``), or a 422
+    """A profile name or a probe dict -> Environment (``worker.core.environment.environment_from``), or a 422
     naming ``field`` (or its key), the value and what is valid."""
     try:
         return environment_from(value)
@@ -49,7 +49,7 @@ def environment_of(value: str | dict[str, Any], *, field: str = "environment") -
 def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any],
                     model_roots: list[Path] | None = None) -> dict[str, Any]:
     """Per-role resolution of ``spec`` on ``environment`` plus every issue a launch would refuse
-    (``worker.preview.preview``, the function ``attnboard resolve`` runs): the model's head counts are
+    (``worker.attention.preview.preview``, the function ``attnboard resolve`` runs): the model's head counts are
     read from its config.json when it lies in ``model_roots``."""
     env = environment_of(environment)
     try:

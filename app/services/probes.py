@@ -1,4 +1,4 @@
-"""The newest probe of a worker node: the ``env_probe`` event a run's rank 0 sent (``worker.probe``), offered
+"""The newest probe of a worker node: the ``env_probe`` event a run's rank 0 sent (``worker.engine.probe``), offered
 by the new-run form as the ``probe`` environment, so the preview resolves for a node of this cluster
 rather than for a profile.
 
@@ -15,8 +15,8 @@ from sqlmodel import Session, col, select
 
 from app.models import Event, EventKind, Run
 from app.services.troubleshooting import environment_label
-from worker.environment import Environment
-from worker.probe import environment_fields
+from worker.core.environment import Environment
+from worker.engine.probe import environment_fields
 
 RECENT_RUNS = 20
 

@@ -38,7 +38,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, update
@@ -49,7 +49,7 @@ from app.models import Event, EventCreate, EventKind, Run, RunStatus
 from app.services.events import append_events
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, schedule
-from worker.contract import TERMINAL
+from worker.core.contract import TERMINAL
 
 log = logging.getLogger("attnboard.pump")
 
@@ -84,7 +84,7 @@ def to_event_create(event: dict[str, Any]) -> EventCreate:
     if event["kind"] == EventKind.status.value and "status" not in payload and "state" in payload:
         payload["status"] = payload["state"]
     ts = event.get("ts")
-    when = datetime.fromtimestamp(ts, timezone.utc) if isinstance(ts, (int, float)) and math.isfinite(ts) else None
+    when = datetime.fromtimestamp(ts, UTC) if isinstance(ts, (int, float)) and math.isfinite(ts) else None
     return EventCreate(seq=event["seq"], kind=event["kind"], payload=payload, ts=when)
 
 
@@ -232,7 +232,7 @@ class Supervisor:
             try:
                 if self.tick():
                     continue  # more events are waiting: go again at once
-            except Exception:  # noqa: BLE001 - a bad pass is logged; the next one starts clean
+            except Exception:
                 log.exception("supervisor pass failed")
             self.launcher.wake.wait(self.tick_s)
             self.launcher.wake.clear()
@@ -372,7 +372,7 @@ class Supervisor:
         cause = f"the engine host is gone: controller {controller_name(run.id)} {why}"
         try:
             self.launcher.relaunch(run, cause=cause, attempt=attempt)
-        except Exception as exc:  # noqa: BLE001 - Ray may still be replacing the host: try again next pass
+        except Exception as exc:
             since = self._relaunch_failing_since.setdefault(run.id, time.monotonic())
             log.warning("run %s: could not restart it yet: %s", run.id, exc)
             if time.monotonic() - since < RELAUNCH_PATIENCE_S:

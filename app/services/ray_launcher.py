@@ -141,7 +141,7 @@ class RayLauncher:
         self.model_roots = model_roots or []
         self.checkpoint_root = checkpoint_root  # run N's artefacts go to <root>/N (settings.checkpoint_root)
         self.warm_ranks, self.warm_device = warm_ranks, warm_device
-        self.engine_name = engine_name  # this app's engine host (``worker.contract.host_name`` of its database)
+        self.engine_name = engine_name  # this app's engine host (``worker.core.contract.host_name`` of its database)
         self.wake = threading.Event()
 
     # ---- the Launcher protocol
@@ -214,7 +214,7 @@ class RayLauncher:
             if host is not None:
                 ray.kill(host, no_restart=True)
                 log.info("stopped the engine host %s", self.engine_name)
-        except Exception as exc:  # noqa: BLE001 - Ray going away takes the host with it
+        except Exception as exc:
             log.warning("could not stop the engine host %s: %s", self.engine_name, exc)
 
     def controller(self, run_id: int) -> Any | None:
@@ -242,7 +242,7 @@ class RayLauncher:
             return
         try:
             ray.get(host.kill.remote(str(run_id), "stopped by the app"), timeout=HOST_CALL_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - a dead host holds nothing
+        except Exception as exc:
             log.warning("run %s: could not stop it in the engine host: %s", run_id, exc)
 
     def cluster_resources(self) -> tuple[dict[str, float], dict[str, float]]:
@@ -255,7 +255,7 @@ class RayLauncher:
         if host is not None:
             try:
                 idle = ray.get(host.idle_resources.remote(), timeout=HOST_CALL_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - an unreachable host holds nothing we can count on
+            except Exception as exc:
                 log.warning("engine host: could not read its idle ranks: %s", exc)
                 idle = {}
             for key, amount in idle.items():
@@ -330,7 +330,7 @@ def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
         if not launcher.launch(run):  # the engine has it already (launched before a crash): adopt it
             log.info("run %s: adopting it from the engine host", run.id)
             return True
-    except Exception as exc:  # noqa: BLE001 - Ray refused: back to the queue with the cause
+    except Exception as exc:
         session.exec(update(Run).where(col(Run.id) == run.id)  # type: ignore[call-overload]
                      .values(ray_job=None, status_reason=f"could not start on Ray: {type(exc).__name__}: {exc}"))
         session.commit()

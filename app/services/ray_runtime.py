@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from worker.contract import NAMESPACE
+from worker.core.contract import NAMESPACE
 
 log = logging.getLogger("attnboard.ray")
 
@@ -273,7 +273,7 @@ class RayRuntime:
             try:
                 ray.init(address=self.address, namespace=NAMESPACE, logging_level=logging.WARNING,
                          log_to_driver=False)
-            except Exception as exc:  # noqa: BLE001 - any failure to join means: not available
+            except Exception as exc:
                 self._disconnect()
                 raise RayUnavailable(f"cannot connect to Ray at {self.address}: {type(exc).__name__}: {exc}") from None
             finally:

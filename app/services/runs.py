@@ -11,7 +11,7 @@ attached, in which case nothing could confirm it and it is cancelled at once.
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, func
@@ -190,7 +190,7 @@ def _utc_bound(value: datetime | None, field: str) -> datetime | None:
     if value is None:
         return None
     try:
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except OverflowError:
         raise AppError(422, "invalid_request", f"{field}: {value.isoformat()} is out of range in UTC", field=field,
                        value=value.isoformat(), valid="a timestamp between years 1 and 9999 in UTC") from None

@@ -1,7 +1,7 @@
 """Attention trials: create, run in the background, list, read, compare.
 
 The state of a trial lives in its ``Trial`` row, never in memory: ``queued -> running -> succeeded |
-failed``, with the ``worker.trial.TrialResult`` as JSON (partial columns are stored as each one is
+failed``, with the ``worker.engine.trial.TrialResult`` as JSON (partial columns are stored as each one is
 measured, so the page shows progress). ``start_in_thread`` runs ``execute_trial`` in a daemon thread of the
 app process; the PPO steps themselves run through Ray like a run's (one rank actor each), on the
 launcher's cluster when a Ray launcher is attached, else on a local Ray started for the purpose.
@@ -26,7 +26,7 @@ from app.models import utcnow
 from app.models_troubleshooting import Trial, TrialCreate, TrialStatus
 from app.services.common import validated_spec
 from app.services.troubleshooting import parse_environment
-from worker.attention import VALID_DESCRIPTION, is_valid_name
+from worker.core.implementations import VALID_DESCRIPTION, is_valid_name
 
 log = logging.getLogger("attnboard.trials")
 
@@ -105,9 +105,9 @@ def connect_local_ray() -> None:
 def execute_trial(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] = (),
                   cache_dir: Path | str | None = None, connect: Callable[[], None] = connect_local_ray) -> str:
     """Run a queued trial to its end, writing every change to its row; -> the final status. Never raises."""
-    from worker.environment import Environment
-    from worker.probe import environment_fields, probe_on_ray
-    from worker.trial import Column, run_trial
+    from worker.core.environment import Environment
+    from worker.engine.probe import environment_fields, probe_on_ray
+    from worker.engine.trial import Column, run_trial
 
     try:
         with Session(engine, expire_on_commit=False) as session:
@@ -136,7 +136,7 @@ def execute_trial(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] 
                                    model_roots=list(model_roots), cache_dir=cache_dir, on_column=store_column,
                                    trial_id=f"trial{trial_id}")
                 trial.result, trial.status = result.as_dict(), TrialStatus.succeeded.value
-            except Exception as exc:  # noqa: BLE001 - the trial ends failed with the cause, never silently
+            except Exception as exc:
                 log.exception("trial %s failed", trial_id)
                 trial.status = TrialStatus.failed.value
                 trial.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"[-4000:]
@@ -144,7 +144,7 @@ def execute_trial(engine: Engine, trial_id: int, *, model_roots: Sequence[Path] 
             session.add(trial)
             session.commit()
             return trial.status
-    except Exception:  # noqa: BLE001 - the database itself failed: nothing left to record it in
+    except Exception:
         log.exception("trial %s could not be run or recorded", trial_id)
         return TrialStatus.failed.value
 

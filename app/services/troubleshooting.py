@@ -4,12 +4,12 @@ one-click retry, and the suggestion to return to the fast path once a later prob
 Entries are made when events are ingested (``record_events``, called by ``events.append_events`` inside
 its transaction), one per ``fallback`` or ``error`` event and one per ``failed`` status that no error
 event explained. An entry is keyed by its event's ``(run_id, seq)``: event ingestion is idempotent, so
-the log is too. Each entry stores ``worker.classify.classify``'s Diagnosis as JSON, made with the facts
+the log is too. Each entry stores ``worker.troubleshoot.classify.classify``'s Diagnosis as JSON, made with the facts
 of the run's latest ``env_probe`` event.
 
 "Later probe": the newest of (an ``env_probe`` event of a newer run, an environment posted to
 ``/api/troubleshooting/recheck`` after the entry). When it meets the diagnosis'
-``return_to_fast_path_when`` (``worker.classify.suggest_return_to_fast_path``), the entry offers the
+``return_to_fast_path_when`` (``worker.troubleshoot.classify.suggest_return_to_fast_path``), the entry offers the
 fast-path patch as a retry.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func
@@ -36,14 +36,22 @@ from app.models_troubleshooting import (
 )
 from app.services.interop import environment_of
 from app.services.launcher import Launcher
-from worker.classify import ROLE_SECTIONS, Category, Diagnosis, EnvFacts, ErrorInfo, classify, fast_path_patch, \
-    suggest_return_to_fast_path
-from worker.environment import Environment
+from worker.core.environment import Environment
+from worker.troubleshoot.classify import (
+    ROLE_SECTIONS,
+    Category,
+    Diagnosis,
+    EnvFacts,
+    ErrorInfo,
+    classify,
+    fast_path_patch,
+    suggest_return_to_fast_path,
+)
 
 ERROR_TEXT_MAX = 8000
 ROLES = ("actor", "rollout", "reference", "critic")
 PROBE_EXTRAS = frozenset({"rank", "hostname", "python_version", "model_folder", "implementations"})
-"""Keys ``worker.probe.probe_environment`` (and the engine's env_probe event) add to the environment's fields."""
+"""Keys ``worker.engine.probe.probe_environment`` (and the engine's env_probe event) add to the environment's fields."""
 RETRY_USES = ("remedy", "fast_path")
 
 # --------------------------------------------------------------------------------------------
@@ -255,7 +263,7 @@ def later_probe(session: Session, entry: TroubleshootingEntry) -> Probe | None:
 
 def _aware(value: datetime) -> datetime:
     """SQLite hands timestamps back without a zone; they were written in UTC."""
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 def fast_path(entry: TroubleshootingEntry, probe: Probe | None) -> FastPath | None:

@@ -172,9 +172,9 @@ def token_headers(database_url: str) -> dict[str, str]:
 
 
 def tiny_run_spec(*, steps: int = 2, ranks: int = 1, **overrides: Any) -> dict[str, Any]:
-    """The smallest CPU run (worker.presets.tiny_cpu_spec) as the spec tree the API takes."""
-    from worker.presets import tiny_cpu_spec
+    """The smallest CPU run (worker.spec.presets.tiny_cpu_spec) as the spec tree the API takes."""
     from worker.spec import spec_to_tree
+    from worker.spec.presets import tiny_cpu_spec
 
     return spec_to_tree(tiny_cpu_spec(**{"trainer.total_training_steps": steps, "trainer.n_gpus_per_node": ranks,
                                          **overrides}))

@@ -11,7 +11,7 @@ from app.services.checkpoints import run_folder
 from tests.app.factories import make_run, status_event
 from tests.app.pages_support import csrf_of, login, soup
 from tests.utils.checkpoints import write_checkpoint
-from worker import checkpoint
+from worker.engine import checkpoint
 
 
 @pytest.fixture

@@ -153,7 +153,7 @@ def test_token_create_rejects_an_unknown_scope(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# resolve runs the checks of POST /api/resolve (one function: worker.preview.preview)
+# resolve runs the checks of POST /api/resolve (one function: worker.attention.preview.preview)
 
 # Qwen2.5-0.5B's config.json: 14 attention heads, 2 key/value heads.
 QWEN2_05B_CONFIG = {
@@ -217,7 +217,7 @@ def test_resolve_sp3_on_8_gpus_is_exit_2(tmp_path):
 
 
 def test_import_of_a_launch_script_lists_the_pass_through(tmp_path):
-    script = Path(__file__).resolve().parents[1] / "worker" / "fixtures" / "verl_scripts" / "dapo_style_main_ppo.sh"
+    script = Path(__file__).resolve().parents[1] / "worker" / "interop" / "fixtures" / "verl_scripts" / "dapo_style_main_ppo.sh"
     data = json.loads(run("import", str(script), "--json").stdout)
     assert data["spec"]["verl_passthrough"]["+reward_model.reward_kwargs.overlong_buffer_cfg.len"] == 4096
     assert data["verl_passthrough"] == data["spec"]["verl_passthrough"]

@@ -14,7 +14,16 @@ import httpx
 import psycopg
 import pytest
 
-from tests.app.service_support import QUERY, AppProcess, RayHead, app_env, ray_env, ray_query, tiny_run_spec, token_headers
+from tests.app.service_support import (
+    QUERY,
+    AppProcess,
+    RayHead,
+    app_env,
+    ray_env,
+    ray_query,
+    tiny_run_spec,
+    token_headers,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.postgres]
 

@@ -30,7 +30,7 @@ def test_secret_key_is_generated_once_and_kept(tmp_path):
     first = Settings(DATA_DIR=tmp_path / "d").SECRET_KEY
     assert len(first) >= 32
     assert (tmp_path / "d" / "secret_key").stat().st_mode & 0o777 == 0o600
-    assert Settings(DATA_DIR=tmp_path / "d").SECRET_KEY == first
+    assert first == Settings(DATA_DIR=tmp_path / "d").SECRET_KEY
 
 
 def test_environment_variables_are_read(monkeypatch, tmp_path):
@@ -43,7 +43,7 @@ def test_environment_variables_are_read(monkeypatch, tmp_path):
     s = Settings()
     assert s.DATABASE_URL == "postgresql+psycopg://postgres@127.0.0.1:5432/x"
     assert s.REQUIRE_TOKEN_FOR_READS is True
-    assert s.MODEL_ROOTS == [root.resolve()]
+    assert [root.resolve()] == s.MODEL_ROOTS
     assert s.RAY_ADDRESS == "ray://10.0.0.1:10001"
 
 

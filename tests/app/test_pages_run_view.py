@@ -5,18 +5,32 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.run_view import (BADGE_SEVERITY, CHARTS, aligned_series, apply_event, eager_settings, fold, format_eta,
-                          max_of, mean_of, metric_point, rank_key, role_badges, series, spec_differences)
+from app.run_view import (
+    BADGE_SEVERITY,
+    CHARTS,
+    aligned_series,
+    apply_event,
+    eager_settings,
+    fold,
+    format_eta,
+    max_of,
+    mean_of,
+    metric_point,
+    rank_key,
+    role_badges,
+    series,
+    spec_differences,
+)
 from tests.app.pages_support import ENGINE_EVENTS, engine_events
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @dataclass

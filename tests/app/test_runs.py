@@ -3,7 +3,7 @@ pagination, cancel with and without a launcher, retry with a patch, clone, expor
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -47,12 +47,12 @@ def test_list_filters_and_pagination(client, write_headers):
     assert names(status=["running", "cancelled"]) == (["Alpha two", "beta"], 2)
     assert names(limit=1, offset=1) == (["beta"], 3)
     assert names(limit=5, offset=10) == ([], 3)
-    future = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
-    past = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     assert names(created_after=future) == ([], 0)
     assert names(created_after=past, created_before=future)[1] == 3
     # bounds in another zone mean the same instant
-    in_tokyo = (datetime.now(timezone.utc) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=9)))
+    in_tokyo = (datetime.now(UTC) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=9)))
     assert names(created_after=in_tokyo.isoformat())[1] == 3
     assert names(created_before=in_tokyo.isoformat())[1] == 0
     assert a["id"] < b["id"] < c["id"]

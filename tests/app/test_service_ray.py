@@ -16,21 +16,21 @@ import httpx
 import pytest
 
 from app.services.ray_runtime import free_port
-from tests.utils.checkpoints import assert_same_weights, full_weights
-from worker import checkpoint
 from tests.app.service_support import (
     TERMINAL,
     AppProcess,
-    held_by,
     RayHead,
     all_events,
     app_env,
+    held_by,
     process_gone,
     ray_query,
     tiny_run_spec,
     token_headers,
     wait_until,
 )
+from tests.utils.checkpoints import assert_same_weights, full_weights
+from worker.engine import checkpoint
 
 pytestmark = pytest.mark.ray
 
@@ -78,7 +78,7 @@ def test_every_ray_node_is_on_loopback(head: RayHead):
 
 
 def test_a_killed_rank_fails_the_run_within_15_s_and_leaves_no_actor(served, head: RayHead):
-    """With attnboard.max_restarts=0 a dead rank ends the run (tests/worker/test_engine_resume.py restarts one)."""
+    """With attnboard.max_restarts=0 a dead rank ends the run (tests/worker/engine/test_engine_resume.py restarts one)."""
     app, client = served
     resp = client.post("/api/runs", json={"name": "rank-kill", "spec": tiny_run_spec(
         steps=200, **{"attnboard.max_restarts": 0})})

@@ -14,9 +14,9 @@ from app.services.ray_runtime import HEAD_RECORD, HeadRecord, pid_alive
 from tests.app.service_support import (
     TERMINAL,
     AppProcess,
-    held_by,
     all_events,
     app_env,
+    held_by,
     ray_env,
     ray_query,
     tiny_run_spec,

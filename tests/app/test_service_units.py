@@ -8,13 +8,14 @@ import math
 import time
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from app.models import EventKind, storable_problem
 from app.services.pump import RunChanges, attention_summary, gone_events, max_restarts_of, storable, to_event_create
 from app.services.ray_launcher import Need, free_resources, never_fits, plan_queue, wait_reason
 from app.services.ray_runtime import HeadRecord, head_command, is_loopback, ray_token_available, split_address
-
 
 # --------------------------------------------------------------------------------------------
 # Resources
@@ -246,7 +247,7 @@ def test_each_database_gets_its_own_engine_host(tmp_path, monkeypatch):
     """Run ids are unique within one database only: apps on different databases must not share a host,
     while one database spelled two ways (relative or absolute path, another password) keeps its host."""
     from app.core.config import database_identity
-    from worker.contract import host_name
+    from worker.core.contract import host_name
 
     monkeypatch.chdir(tmp_path)
     relative = host_name(database_identity("sqlite:///data/attnboard.db"))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.services.interop import MAX_YAML_NODES, check_yaml_safety
 from app.errors import AppError
+from app.services.interop import MAX_YAML_NODES, check_yaml_safety
 
 SEED = Path(__file__).resolve().parents[1] / "fixtures" / "seed"
 

@@ -14,8 +14,8 @@ from app.routes.trials import get_trial_starter
 from app.services import trials as trials_service
 from tests.app.factories import tiny_spec
 from tests.app.pages_support import csrf_of, login, soup
-from worker.environment import PROFILES
-from worker.trial import Column, StepFigures, TrialResult, recommend
+from worker.core.environment import PROFILES
+from worker.engine.trial import Column, StepFigures, TrialResult, recommend
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -156,14 +156,13 @@ def test_cpu_trial_through_the_api(client, write_headers, db_backend, local_ray)
 
 def test_trials_a_stopped_app_left_running_end_failed_at_start_up(db_url):
     """No trial stays non-terminal after the process that ran it is gone."""
+    from fastapi.testclient import TestClient
     from sqlmodel import Session
 
     from app.db import make_engine
     from app.main import create_app
     from app.models_troubleshooting import Trial, TrialStatus
     from app.services.trials import ORPHANED
-    from fastapi.testclient import TestClient
-
     from tests.app.factories import tiny_spec
 
     engine = make_engine(db_url)

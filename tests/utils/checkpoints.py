@@ -1,4 +1,4 @@
-"""Checkpoint folders on disk in ``worker.checkpoint``'s layout, for tests of the layout, the API and the
+"""Checkpoint folders on disk in ``worker.engine.checkpoint``'s layout, for tests of the layout, the API and the
 pages (the DCP contents are the engine's: role folders hold a shard and the ``.metadata`` DCP leaves)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from worker import checkpoint
+from worker.engine import checkpoint
 
 
 def write_checkpoint(folder: Path, step: int, *, run_id: str = "r1", roles: Sequence[str] = ("actor", "critic"),

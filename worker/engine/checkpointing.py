@@ -8,7 +8,7 @@ shards into one folder and ``dcp.load`` reads them back into the shards of the l
 when its size differs (a world of 2 resumes as 1 and back). The optimizer state is flattened to one key
 per parameter and value (``state.<param>.exp_avg``, ``param_groups.<param>.lr``), so its keys do not
 depend on the wrapper either (unflattened, FSDP1's param groups could not load a world of 1's). The
-layout around these folders is ``worker.checkpoint``'s.
+layout around these folders is ``worker.engine.checkpoint``'s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from worker.checkpoint import RNG_FOLDER
+from worker.engine.checkpoint import RNG_FOLDER
 
 
 def _options() -> Any:

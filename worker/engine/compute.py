@@ -26,9 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from worker import ppo_math
 from worker.engine import ulysses
-
+from worker.ppo import core_algos as ppo_math
 
 # ---------------------------------------------------------------------------------------------
 # Precision

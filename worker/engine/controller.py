@@ -5,9 +5,9 @@ event, and lets go of every rank on success, failure or cancellation.
 Two entry points share one ``Trainer``:
 - ``run_spec(spec, run_id=..., on_event=...)``: in this process (CLI, tests), with new rank actors that
   are killed at the end (``worker.engine.ranks.FreshRanks``).
-- ``launch_controller(...)``: in the engine host (``worker.engine.host``), a detached Ray actor that
+- ``RunController``: one run inside the engine host (``worker.engine.host``), a detached Ray actor that
   outlives the app and keeps warm rank actors between runs; the app reads ``events_since`` and
-  acknowledges with ``ack`` through a ``RunHandle``.
+  acknowledges with ``ack``.
 """
 
 from __future__ import annotations
@@ -26,19 +26,21 @@ import ray
 import torch
 from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 
-from worker import checkpoint, models, ppo_math
-from worker.checkpoint import Checkpoint, CheckpointError
-from worker.classify import EnvFacts, ErrorInfo, classify
-from worker.contract import NAMESPACE
-from worker.engine import compute, plan as planning
+from worker.attention.resolution import ModelSupport, resolve
+from worker.core.contract import NAMESPACE
+from worker.core.environment import Environment
+from worker.engine import checkpoint, compute, models
+from worker.engine import plan as planning
+from worker.engine.checkpoint import Checkpoint, CheckpointError
 from worker.engine.dispatch import Dispatch, Mesh, check_resources, concat_batches, dispatch_of, split_batch
 from worker.engine.events import Event, EventLog, Kind, RunState
+from worker.engine.probe import environment_fields
 from worker.engine.rank import RankWorker, RoleLoadError
-from worker.engine.ranks import FreshRanks, RankSource, kill as kill_rank, rank_name
-from worker.environment import Environment
-from worker.probe import environment_fields
-from worker.resolution import ModelSupport, resolve
+from worker.engine.ranks import FreshRanks, RankSource, rank_name
+from worker.engine.ranks import kill as kill_rank
+from worker.ppo import core_algos as ppo_math
 from worker.spec import RunSpec, check_spec, parse_spec, spec_to_tree
+from worker.troubleshoot.classify import EnvFacts, ErrorInfo, classify
 
 CANCEL_GRACE_S = 5.0  # a cancelled run lets the ranks' calls in flight finish this long before killing them
 CANCEL_BOUND_S = 15.0
@@ -137,7 +139,7 @@ class WorkerGroup:
                     ray.get(ref)
                 except RayActorError as exc:
                     return rank, _actor_death_cause(exc)
-                except Exception:  # noqa: BLE001 - alive, whatever else it says
+                except Exception:
                     pass
         return None
 
@@ -289,7 +291,7 @@ class Trainer:
                 log.emit(Kind.error, {"message": str(exc), "field": exc.issues[0].field,
                                       "issues": [i.as_dict() for i in exc.issues]})
                 final = (RunState.failed, str(exc), {})
-            except Exception as exc:  # noqa: BLE001 - the run ends failed with the cause, never silently
+            except Exception as exc:
                 if self.cancelled:
                     final = self._cancelled_end()
                 else:
@@ -300,7 +302,7 @@ class Trainer:
         state, reason, extra = final
         try:
             self.stop_ranks(reusable=state in (RunState.succeeded, RunState.cancelled))
-        except Exception:  # noqa: BLE001 - letting go must never hide the run's end
+        except Exception:
             traceback.print_exc()
         log.status(state, reason, **extra)
         return log.state
@@ -395,7 +397,7 @@ class Trainer:
                 for role, folder in folders.items()}
 
     def _save(self, step: int, order_rng: random.Random, pending: list[int], signature: dict[str, Any]) -> None:
-        """A checkpoint of this step (see ``worker.checkpoint``): ranks write their shards into the partial
+        """A checkpoint of this step (see ``worker.engine.checkpoint``): ranks write their shards into the partial
         folder, the marker goes last, one rename commits it, then the tracker and the pruning."""
         spec, group = self.spec, self.group
         assert group is not None
@@ -539,7 +541,7 @@ class Trainer:
     # ---- PPO
 
     def _train(self, resolution) -> None:
-        from worker import data
+        from worker.ppo import data
 
         spec, log = self.spec, self.log
         tok = self.tokenizer
@@ -588,7 +590,7 @@ class Trainer:
                 self._save(step, order_rng, list(order), signature)
 
     def _step(self, picked: list[Any], *, step: int, eos: int | None, pad: int, resolution, emit_rollout: bool) -> dict[str, Any]:
-        from worker import rewards
+        from worker.ppo import rewards
 
         spec, group = self.spec, self.group
         arr = spec.actor_rollout_ref
@@ -829,29 +831,3 @@ class RunController:
         status = self.status()
         status["finished"] = bool(status["terminal"] and self.acked >= self.log.last_seq)
         return status
-
-
-def launch_controller(spec: dict, *, run_id: str, model_roots: list[str] | None = None,
-                      cache_dir: str | None = None, save_actor_to: str | None = None,
-                      artefact_dir: str | None = None, checkpoint_roots: list[str] | None = None,
-                      continuation: dict[str, Any] | None = None) -> Any:
-    """Start a run in the engine host (created on first use) -> its ``RunHandle``.
-
-    ValueError when the host already has a run of that id."""
-    from worker.engine.host import RunHandle, engine_host
-
-    host = engine_host()
-    if not ray.get(host.submit.remote(spec, run_id, model_roots, cache_dir, save_actor_to, artefact_dir=artefact_dir,
-                                      checkpoint_roots=checkpoint_roots, continuation=continuation)):
-        raise ValueError(f"run {run_id}: the engine host already has it")
-    return RunHandle(host, run_id)
-
-
-def get_controller(run_id: str) -> Any:
-    """The ``RunHandle`` of a run the engine host has (ValueError when it has not, or there is no host)."""
-    from worker.engine.host import RunHandle, find_host
-
-    host = find_host()
-    if host is None or not ray.get(host.has_run.remote(run_id)):
-        raise ValueError(f"run {run_id}: not in the engine host")
-    return RunHandle(host, run_id)

@@ -6,14 +6,14 @@ Payloads by kind:
 
 - ``status``: ``state`` (queued -> starting -> running -> succeeded | failed | cancelled), ``reason``;
   ``total_steps`` on running; ``rank`` when a rank failed; ``role`` when a role could not load.
-- ``env_probe``: ``worker.probe.probe_environment()`` of rank 0's node, plus ``rank``.
+- ``env_probe``: ``worker.engine.probe.probe_environment()`` of rank 0's node, plus ``rank``.
 - ``attention``: one per role (actor, rollout, reference, critic) and rank: ``requested``, ``source``,
   ``predicted`` (the resolution's effective), ``effective`` (what loaded), ``config_attn_implementation``,
   ``observed`` (the kernel called most in the first forward), ``calls`` ({kernel: count}),
   ``wrappers`` (Ulysses), ``forced``, ``fallback``, ``status`` (ok | forced | fallback), ``reasons``,
   ``strategy``, ``sp``, ``output_attentions`` (the first forward asked for the attention weights and got them).
 - ``fallback``: ``role``, ``rank``, ``from``, ``to``, ``error`` (the exception text), ``diagnosis``
-  (``worker.classify.Diagnosis.as_dict()``).
+  (``worker.troubleshoot.classify.Diagnosis.as_dict()``).
 - ``attention_mismatch``: ``role``, ``rank``, ``what`` (resolution-vs-loaded | loaded-vs-observed),
   ``expected``, ``actual``, ``message``.
 - ``metric``: ``step``, ``total_steps``, ``values`` ({verl-style name: float}: critic/rewards/mean,
@@ -42,9 +42,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
-# The contract lives in worker.contract (shared with the app); re-exported here for the engine.
-from worker.contract import TERMINAL, Kind, RunState  # noqa: E402
+# The contract lives in worker.core.contract (shared with the app); re-exported here for the engine.
+from worker.core.contract import TERMINAL, Kind, RunState
 
 __all__ = ["TERMINAL", "Event", "EventLog", "Kind", "RunState"]
 

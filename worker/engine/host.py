@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 
-from worker.contract import HOST_NAME, NAMESPACE
+from worker.core.contract import HOST_NAME, NAMESPACE
 from worker.engine.controller import RunController
 from worker.engine.events import Event
 from worker.engine.ranks import PoolSettings, RankPool
@@ -83,7 +83,7 @@ class EngineHost:
                 continue
             try:
                 self.pool.refill()
-            except Exception:  # noqa: BLE001 - the next pass tries again
+            except Exception:
                 log.exception("pool refill failed")
 
     # ---- runs

@@ -1,6 +1,6 @@
 """From a resolution to a load plan, and from what loaded to the events that tell it (pure).
 
-The resolution (``worker.resolution.resolve``) predicts per role what will run; the plan says what each
+The resolution (``worker.attention.resolution.resolve``) predicts per role what will run; the plan says what each
 rank tries, in order; the reports that come back say what really loaded and which kernel ran. The
 events built here are the truth the dashboard shows, and every disagreement with the prediction is an
 ``attention_mismatch`` of its own.
@@ -11,14 +11,15 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from worker import availability
+from worker.attention import availability
+from worker.attention.resolution import Resolution, RoleResolution, Status
 from worker.engine.rank import LoadPlan, RolePlan
 from worker.engine.ulysses import base_of
-from worker.resolution import Resolution, RoleResolution, Status
 from worker.spec import RunSpec
 
+
 def candidates(role: RoleResolution, policy: str) -> list[str]:
-    """The implementations a rank tries, in order: ``worker.availability.candidates`` for the role's request
+    """The implementations a rank tries, in order: ``worker.attention.availability.candidates`` for the role's request
     (forced: the forced one only; strict: the requested one; fallback: the chain), the same chain the preview
     walked, so the real error of every step is recorded even when the preview already knows it will fail."""
     forced = role.effective if role.status == Status.forced.value and role.effective else None

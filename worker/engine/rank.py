@@ -22,13 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from worker import models
-from worker.availability import Context, Unavailable, unavailable
-from worker.classify import EnvFacts, ErrorInfo, classify
-from worker.engine import compute, ulysses
+from worker.attention.availability import Context, Unavailable, unavailable
+from worker.core.environment import Environment
+from worker.engine import compute, models, ulysses
 from worker.engine.dispatch import Dispatch, Mesh, register
 from worker.engine.observe import observe_attention
-from worker.environment import Environment
+from worker.troubleshoot.classify import EnvFacts, ErrorInfo, classify
 
 ROLES_LOADED = ("actor", "reference", "critic")
 
@@ -103,14 +102,14 @@ def cuda_index() -> int:
             import ray
 
             ids = ray.get_gpu_ids()
-        except Exception:  # noqa: BLE001 - not in a Ray worker: the first device
+        except Exception:
             ids = []
         return int(ids[0]) if ids else 0
     return 0
 
 
 def load_refusal(impl: str, p: RolePlan, env: dict[str, Any]) -> Unavailable | None:
-    """The preview's availability check (``worker.availability.unavailable``) for ``impl`` in role ``p`` on the
+    """The preview's availability check (``worker.attention.availability.unavailable``) for ``impl`` in role ``p`` on the
     probed node ``env``, before a real load. The model's architecture is left to the real load: transformers'
     own error says it best."""
     ctx = Context(Environment.from_dict(env), support=None, trained=p.trained, sp=p.sp,
@@ -279,7 +278,7 @@ class RankWorker:
 
     @register(Dispatch.ONE_TO_ALL)
     def probe(self, model_folder: str | None = None) -> dict[str, Any]:
-        from worker.probe import probe_environment
+        from worker.engine.probe import probe_environment
 
         return probe_environment(model_folder)
 
@@ -321,7 +320,7 @@ class RankWorker:
                     module.config._attn_implementation = ulysses.register_ulysses(impl)
                 seen = _first_forward(module, module.config.vocab_size, p.trained, p.output_attentions, impl,
                                       compute_dtype=p.compute_dtype)
-            except Exception as exc:  # noqa: BLE001 - every failure is recorded and classified
+            except Exception as exc:
                 diagnosis = classify(ErrorInfo.from_exception(exc), facts, role=p.role)
                 attempts.append({"implementation": impl, "ok": False,
                                  "error": f"{type(exc).__name__}: {exc}",
@@ -380,7 +379,8 @@ class RankWorker:
         reduce_dtype=fp32, buffer_dtype=fp32)``, FSDP2 ``MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)``."""
         layers = list(getattr(getattr(module, "model", module), "layers", []))
         if strategy == "fsdp":
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp import MixedPrecision
             from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
             device_id = torch.device("cpu") if self.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
@@ -553,7 +553,7 @@ class RankWorker:
         models.load_tokenizer(plan.folder).save_pretrained(out)
         return str(out)
 
-    # ---- checkpoints (the layout is worker.checkpoint's, the DCP part worker.engine.checkpointing's)
+    # ---- checkpoints (the layout is worker.engine.checkpoint's, the DCP part worker.engine.checkpointing's)
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, folder: str) -> dict[str, Any]:

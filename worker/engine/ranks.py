@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import ray
 
-from worker.contract import NAMESPACE
+from worker.core.contract import NAMESPACE
 from worker.engine.rank import RankWorker
 
 log = logging.getLogger("attnboard.engine.ranks")
@@ -52,7 +52,7 @@ def start_rank(device: str, rank: int = 0, world: int = 1, run_id: str = "", **o
 def kill(handle: Any) -> None:
     try:
         ray.kill(handle, no_restart=True)
-    except Exception:  # noqa: BLE001 - already gone is what we wanted
+    except Exception:
         pass
 
 
@@ -158,7 +158,7 @@ class RankPool:
             for ref in ready:
                 try:
                     ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 - a rank that cannot reset is not reused
+                except Exception as exc:
                     log.warning("a rank could not reset and is dropped: %s", exc)
                 else:
                     keep.append(refs[ref])

@@ -28,8 +28,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from worker import messages
-from worker.attention import ULYSSES_BASES
+from worker.attention import messages
+from worker.core.implementations import ULYSSES_BASES
 
 PREFIX = "ulysses_"
 """``ulysses_<impl>``: the attention implementation name a Ulysses-wrapped model is loaded with."""
