@@ -70,9 +70,9 @@ def session_authenticator(request: Request, session: Session) -> Principal | Non
     row = session.get(ApiToken, data["t"])
     if row is None or row.revoked or not hmac.compare_digest(row.token_hash[:16], str(data["h"])):
         return None
-    if request.method not in SAFE_METHODS and not getattr(request.state, "csrf_checked", False):
-        if not hmac.compare_digest(request.headers.get(CSRF_HEADER, ""), str(data["c"])):
-            return None
+    csrf_needed = request.method not in SAFE_METHODS and not getattr(request.state, "csrf_checked", False)
+    if csrf_needed and not hmac.compare_digest(request.headers.get(CSRF_HEADER, ""), str(data["c"])):
+        return None
     return Principal(kind="session", name=row.name, scopes=frozenset(row.scopes), token_id=row.id)
 
 

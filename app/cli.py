@@ -148,7 +148,8 @@ def import_cmd(
 def export_cmd(
     spec: Annotated[Path, typer.Argument(help="Spec file: YAML/JSON, or a verl command line.")],
     fmt: Annotated[str, typer.Option("--format", help="cli (a verl command line) or yaml.")] = "cli",
-    full: Annotated[bool, typer.Option("--full", help="Emit every key, not only those that differ from verl's defaults.")] = False,
+    full: Annotated[bool, typer.Option(
+        "--full", help="Emit every key, not only those that differ from verl's defaults.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Export a spec as a verl command line (with the right + prefixes) or YAML."""

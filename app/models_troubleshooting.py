@@ -54,7 +54,8 @@ class TroubleshootingEntry(SQLModel, table=True):
                                     description="A label of the node the error happened on, e.g. 'cpu, no flash-attn'.")
     env: dict[str, Any] | None = Field(default=None, sa_type=JSON, nullable=True, description="The probe's facts.")
     error: str = Field(sa_type=Text, description="The original error text.")
-    diagnosis: dict[str, Any] = Field(sa_type=JSON, nullable=False, description="worker.troubleshoot.classify.Diagnosis.as_dict().")
+    diagnosis: dict[str, Any] = Field(sa_type=JSON, nullable=False,
+                                      description="worker.troubleshoot.classify.Diagnosis.as_dict().")
     created_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
 
 

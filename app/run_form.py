@@ -159,7 +159,7 @@ def _all_fields() -> tuple[FormField, ...]:
     for key in SPEC_KEYS:
         if key in OVERRIDE_KEYS:
             attn_key = key + ".attn_implementation"
-            fields.append(FormField(attn_key, _label(attn_key), "attention", "attention", ("",) + BUILTIN_NAMES,
+            fields.append(FormField(attn_key, _label(attn_key), "attention", "attention", ("", *BUILTIN_NAMES),
                                     optional=True, help=ATTENTION_HELP[""]))
         fields.append(_field_for(key))
     order = {g.key: i for i, g in enumerate(GROUPS)}

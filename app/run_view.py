@@ -436,7 +436,7 @@ def max_of(view: RunView, key: str) -> float | None:
 def format_eta(seconds: float | None) -> str:
     if seconds is None:
         return ""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds} s"
     minutes, sec = divmod(seconds, 60)

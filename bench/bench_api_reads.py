@@ -35,10 +35,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import http_get, proc_cpu_rss, run_async, write_result  # noqa: E402 - bench/ is sys.path[0]
+from common import http_get, proc_cpu_rss, run_async, write_result
 
-from app.db import make_engine, run_migrations  # noqa: E402
-from app.services.ray_runtime import free_port  # noqa: E402
+from app.db import make_engine, run_migrations
+from app.services.ray_runtime import free_port
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SPEC = {"trainer": {"device": "cpu", "n_gpus_per_node": 1, "nnodes": 1, "total_training_steps": 100},

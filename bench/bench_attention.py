@@ -15,7 +15,9 @@ Time: for each (role, length), eager and sdpa are loaded in one fresh process an
 repetitions alternate after one warm-up each, so a busy moment on a shared machine hits both alike; the
 best repetition is the figure (median and worst are listed too). Memory: each (role, implementation,
 length) runs one step in a fresh process, so its peak is its own: on CPU the growth of the peak resident
-set (``ru_maxrss``) over the loaded model, on CUDA ``torch.cuda.max_memory_allocated`` after a reset. The same weights (the preset's seeded ones, or the folder's) serve every cell. The markdown
+set (``ru_maxrss``) over the loaded model, on CUDA ``torch.cuda.max_memory_allocated`` after a reset.
+The same weights (the preset's seeded ones, or the folder's)
+serve every cell. The markdown
 report records the machine, the date and the command.
 """
 
@@ -157,7 +159,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, info: dict[str,
         f"- command: `python -m bench.bench_attention --model {args.model} --seq {' '.join(map(str, args.seq))} "
         f"--batch {args.batch} --reps {args.reps} --new-tokens {args.new_tokens} --threads {args.threads}`",
         "",
-        "| role | seq | eager time (best) | sdpa time (best) | eager / sdpa time | eager peak | sdpa peak | eager / sdpa memory |",
+        "| role | seq | eager time (best) | sdpa time (best) | eager / sdpa time | eager peak | sdpa peak "
+        "| eager / sdpa memory |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for role in ROLES:

@@ -252,7 +252,7 @@ def report(engine: Side, timed: dict[str, list[dict[str, float]]], *,
            load: tuple[tuple[float, ...], tuple[float, ...]], fsdp_self: float) -> str:
     e = statistics.median(engine.step_s)
     plain, code, fsdp = (_total(timed[v]) for v in VARIANTS)
-    pairs = [e_s / sum(row.values()) for e_s, row in zip(engine.step_s, timed[VARIANTS[0]])]
+    pairs = [e_s / sum(row.values()) for e_s, row in zip(engine.step_s, timed[VARIANTS[0]], strict=True)]
     ratio = e / plain
     met = ratio <= 1.25
     lines = [
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         fsdp_self = fsdp_share(steps[VARIANTS[2]])
     finally:
         dist.destroy_process_group()
-    for i, (e, row) in enumerate(zip(engine.step_s, timed[VARIANTS[0]]), start=1):
+    for i, (e, row) in enumerate(zip(engine.step_s, timed[VARIANTS[0]], strict=True), start=1):
         print(f"step {i}: engine {e * 1000:.0f} ms, plain {sum(row.values()) * 1000:.0f} ms, "
               f"ratio {e / sum(row.values()):.2f}x")
     text = report(engine, timed, args=args, info=info, started=started, load=(load_start, os.getloadavg()),

@@ -42,9 +42,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import http_get, load_text, machine, proc_cpu_rss, read_head, run_async, write_result  # noqa: E402 - bench/ is sys.path[0] when run as a script
+from common import http_get, load_text, machine, proc_cpu_rss, read_head, run_async, write_result
 
-from tests.app.service_support import AppProcess, app_env, ray_env, tiny_run_spec, token_headers  # noqa: E402
+from tests.app.service_support import AppProcess, app_env, ray_env, tiny_run_spec, token_headers
 
 TARGET_P95_S = 1.0
 GRACE_S = 5.0  # events made in the last GRACE_S seconds of the window are not counted (they may still be on the way)

@@ -25,9 +25,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import write_result  # noqa: E402 - bench/ is sys.path[0] when run as a script
+from common import write_result
 
-from tests.app.service_support import AppProcess, app_env, ray_env, tiny_run_spec, token_headers  # noqa: E402
+from tests.app.service_support import AppProcess, app_env, ray_env, tiny_run_spec, token_headers
 
 
 def one_run(client: httpx.Client, spec: dict, timeout: float = 900) -> dict[str, float]:
@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
 
     measured = {name: measure(warm_ranks, args.runs) for name, warm_ranks in MODES.items()}
-    (warm_name, (_, _, warm_runs)), (cold_name, (_, _, cold_runs)) = measured.items()
+    (_, (_, _, warm_runs)), (_, (_, _, cold_runs)) = measured.items()
     warm_first, cold_first = median(warm_runs, "first metric"), median(cold_runs, "first metric")
     print(f"median submit -> first metric: {warm_first:.2f} s with warm ranks, {cold_first:.2f} s without "
           f"({cold_first / warm_first:.1f}x); target 3 s, ratio {warm_first / 3:.2f}")

@@ -60,7 +60,7 @@ class Side:
 
     @property
     def tokens_per_s(self) -> list[float]:
-        return [t / s for t, s in zip(self.tokens, self.step_s)]
+        return [t / s for t, s in zip(self.tokens, self.step_s, strict=True)]
 
     def median_tps(self) -> float:
         return statistics.median(self.tokens_per_s)
@@ -259,7 +259,7 @@ def gc_collect_s(repeats: int = 3) -> float:
 def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, Any], started: datetime,
            load: tuple[tuple[float, ...], tuple[float, ...]], gc_s: float) -> str:
     ratio = ours.median_tps() / trl.median_tps()
-    pairs = [a / t for a, t in zip(ours.tokens_per_s, trl.tokens_per_s)]
+    pairs = [a / t for a, t in zip(ours.tokens_per_s, trl.tokens_per_s, strict=True)]
     best = max(ours.tokens_per_s) / max(trl.tokens_per_s)
     met = ratio >= 2.0
     lines = [
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         run_attnboard(ours, steps=args.steps, response_length=args.response_length, cache_dir=cache_dir,
                       run_id=f"bench-trl-{os.getpid()}", between_steps=stepper.step)
         stepper.finish()
-    for i, (a, t) in enumerate(zip(ours.tokens_per_s, trl.tokens_per_s), start=1):
+    for i, (a, t) in enumerate(zip(ours.tokens_per_s, trl.tokens_per_s, strict=True), start=1):
         print(f"step {i}: attnboard {a:.1f} tokens/s, TRL {t:.1f} tokens/s, ratio {a / t:.2f}x")
     text = report(ours, trl, args=args, info=info, started=started, load=(load_start, os.getloadavg()),
                   gc_s=gc_collect_s())

@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository's worker package, run as a script or with -m
 sys.path.insert(0, str(ROOT / "bench"))
-from common import write_result  # noqa: E402
+from common import write_result
 
 IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
 ROLES = ("actor", "rollout", "reference", "critic")
@@ -58,16 +58,16 @@ class Preset:
 
 PRESETS = {
     "qwen2.5-0.5b": Preset(
-        config=dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                    num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                    tie_word_embeddings=True, rms_norm_eps=1e-6, use_sliding_window=False),
+        config={"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                    "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+                    "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "use_sliding_window": False},
         seqs=(512, 4096), response=64, tokens_per_step=8192, tokens_per_micro=4096,
         description="Qwen2.5-0.5B shape, random weights (hidden 896, 24 layers, 14 heads / 2 kv heads, "
                     "intermediate 4864, vocab 151936, tied embeddings)"),
     "tiny": Preset(
-        config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                    tie_word_embeddings=True, rms_norm_eps=1e-6, use_sliding_window=False),
+        config={"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+                    "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "use_sliding_window": False},
         seqs=(32, 64), response=8, tokens_per_step=128, tokens_per_micro=64,
         description="tiny Qwen2 shape, random weights (hidden 64, 2 layers, 4 heads / 2 kv heads, vocab 256)"),
 }
@@ -395,7 +395,9 @@ def render(columns: list[Column], *, probe: dict, preset_name: str, preset: Pres
         parity = "—" if col.parity is None else f"{col.parity:.3g}"
         ops = ", ".join(f"`{o}`" for o in col.attention_ops) or "—"
         lines.append(f"| {col.implementation} | {parity} | {ops} |")
-    lines += ["", f"Peak memory: {'torch.cuda.max_memory_allocated after a reset per sequence length' if args.device == 'cuda' else 'the process peak resident set (ru_maxrss), which only grows'}. "
+    peak = ("torch.cuda.max_memory_allocated after a reset per sequence length" if args.device == "cuda"
+            else "the process peak resident set (ru_maxrss), which only grows")
+    lines += ["", f"Peak memory: {peak}. "
               f"In {args.compute_dtype} two implementations differ by rounding (~1e-2 on logits of this size); "
               f"eager is the reference."]
     return "\n".join(lines) + "\n"

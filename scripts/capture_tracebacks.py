@@ -30,15 +30,15 @@ HAND_WRITTEN_MARK = "# hand-written from ATTENTION_RULES.md (hydra is not instal
 
 def tiny_config(**overrides) -> LlamaConfig:
     """A two-layer Llama small enough to build in milliseconds on a CPU."""
-    values = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    values = {
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+    }
     values.update(overrides)
     return LlamaConfig(**values)
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# One command: sets up what the tests need, then runs the whole suite (SQLite and PostgreSQL,
+# One command: sets up what the tests need, checks style and layers, then runs the whole suite (SQLite and PostgreSQL,
 # local Ray on loopback, headless Chromium). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+# The style (ruff) and the layers of worker/ (import-linter, contracts in pyproject.toml) before the suite.
+.venv/bin/ruff check .
+.venv/bin/lint-imports --no-cache
 set +e
 .venv/bin/python -m pytest --durations=15 "$@"
 rc=$?

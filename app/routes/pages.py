@@ -102,7 +102,7 @@ def starting_spec() -> RunSpec:
 
 
 def _multi(data: FormData | QueryParams) -> dict[str, list[str]]:
-    return {key: [v for v in data.getlist(key) if isinstance(v, str)] for key in data.keys()}
+    return {key: [v for v in data.getlist(key) if isinstance(v, str)] for key in data}
 
 
 PROBE_ENV = "probe"
@@ -234,7 +234,7 @@ async def import_verl(request: Request, _: PageUser) -> Response:
                       {**page_context(request), **state.context(verl_text=text, import_open=True)},
                       block="form_area", status_code=422)
     state = FormState(spec=result.spec)
-    notes = [f"{len(result.overrides)} setting{'s' if len(result.overrides) != 1 else ''} imported"] + result.warnings
+    notes = [f"{len(result.overrides)} setting{'s' if len(result.overrides) != 1 else ''} imported", *result.warnings]
     return render(request, "run_new.html",
                   {**page_context(request), **state.context(verl_text=text, import_notes=notes, import_open=True)},
                   block="form_area")
@@ -401,7 +401,7 @@ HEARTBEAT_S = 15.0
 
 
 def _sse(event: str, data: str, seq: int | None = None) -> str:
-    lines = [f"event: {event}"] + (["id: %d" % seq] if seq is not None else [])
+    lines = [f"event: {event}"] + ([f"id: {seq}"] if seq is not None else [])
     lines += [f"data: {line}" for line in data.splitlines() or [""]]
     return "\n".join(lines) + "\n\n"
 
@@ -549,9 +549,9 @@ def compare(request: Request, _: PageUser, session: SessionDep) -> Response:
     runs = [runs_service.get_run(session, run_id=i) for i in dict.fromkeys(wanted)]
     views = [_load_view(session, r) for r in runs]
     diffs = spec_differences([flatten(r.spec) for r in runs])
-    curves = [(f"#{r.id} {r.name}", series(v, REWARD_KEYS)) for r, v in zip(runs, views)]
+    curves = [(f"#{r.id} {r.name}", series(v, REWARD_KEYS)) for r, v in zip(runs, views, strict=True)]
     summary = [{"run": r, "view": v, "tokens_per_s": mean_of(v, TOKENS_PER_S), "step_time": mean_of(v, STEP_TIME_S),
-                "peak_memory": max_of(v, MAX_MEMORY_MB), "badges": v.role_badges()} for r, v in zip(runs, views)]
+                "peak_memory": max_of(v, MAX_MEMORY_MB), "badges": v.role_badges()} for r, v in zip(runs, views, strict=True)]
     return render(request, "compare.html", {**page_context(request), "runs": runs, "summary": summary, "diffs": diffs,
                                             "reward": aligned_series(curves), "ids": ids,
                                             "recent": runs_service.list_runs(session, limit=20)[0]})

@@ -103,7 +103,7 @@ async def trial_from_form(request: Request, principal: PageUser, session: Sessio
     """The new-run form's second button: the same fields, run as a trial of the fallback chain's implementations."""
     require_page_write(principal)
     submitted = await request.form()
-    form = {key: [v for v in submitted.getlist(key) if isinstance(v, str)] for key in submitted.keys()}
+    form = {key: [v for v in submitted.getlist(key) if isinstance(v, str)] for key in submitted}
     state = FormState(form)
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)

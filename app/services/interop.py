@@ -81,7 +81,8 @@ def check_yaml_safety(text: str) -> None:
     except yaml.MarkedYAMLError as exc:
         raise AppError(422, "invalid_yaml", f"text: invalid YAML at {_yaml_position(exc.problem_mark)}: {exc.problem}",
                        field="text", value=_line_at(text, exc.problem_mark), valid=IMPORT_VALID,
-                       issues=[{"field": "text", "message": str(exc.problem), "position": _yaml_position(exc.problem_mark)}]) from None
+                       issues=[{"field": "text", "message": str(exc.problem),
+                                "position": _yaml_position(exc.problem_mark)}]) from None
     except yaml.YAMLError as exc:
         raise AppError(422, "invalid_yaml", f"text: invalid YAML: {exc}", field="text", valid=IMPORT_VALID) from None
     except RecursionError:

@@ -4,8 +4,9 @@ The supervisor (one thread per app process, started in the app's lifespan) repea
 
 1. **pump**: for every unfinished run with a controller, pull ``events_since(last_seq)`` from the
    engine host, store them with ``append_events`` (idempotent on ``(run_id, seq)``, refuses gaps), then
-   ``ack`` the last stored seq; a finished run whose events are all acknowledged is dropped by the host. The database is the only record of progress: a restarted app continues
-   from each run's ``last_seq``, so nothing is lost or stored twice.
+   ``ack`` the last stored seq; a finished run whose events are all acknowledged is dropped by the host.
+   The database is the only record of
+   progress: a restarted app continues from each run's ``last_seq``, so nothing is lost or stored twice.
 2. **reconcile**: a run whose controller is gone (the engine host died, or was replaced while the app
    was down) is started again (``restart``, below) while its ``attnboard.max_restarts`` allows; otherwise
    it is marked ``failed`` with the cause and an ``error`` event (``cancelled`` if a cancel was pending),

@@ -310,9 +310,8 @@ def schedule(session: Session, launcher: RayLauncher) -> list[int]:
     decisions = plan_queue([(run.id, Need.of_spec(run.spec)) for run in queued], free, total)
     started = []
     for decision in decisions:
-        if decision.start:
-            if _start(session, launcher, by_id[decision.run_id]):
-                started.append(decision.run_id)
+        if decision.start and _start(session, launcher, by_id[decision.run_id]):
+            started.append(decision.run_id)
     _set_reasons(session, {d.run_id: d.reason for d in decisions if not d.start and d.reason})
     return started
 

@@ -17,6 +17,7 @@ through unchanged and never turns authentication off.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -160,7 +161,8 @@ def start_head(data_dir: Path, *, num_cpus: int, timeout: float = HEAD_START_TIM
     and wait until it is up."""
     port = free_port()
     temp_dir = short_temp_dir(data_dir)
-    cmd = head_command(str(Path(sys.executable).with_name("ray")), port=port, agent_port=free_port(), temp_dir=temp_dir, num_cpus=num_cpus)
+    cmd = head_command(str(Path(sys.executable).with_name("ray")), port=port, agent_port=free_port(), temp_dir=temp_dir,
+                       num_cpus=num_cpus)
     env = {**(os.environ if env is None else env), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     log_path = data_dir / HEAD_LOG
@@ -201,18 +203,14 @@ def stop_head(pid: int, timeout: float = HEAD_STOP_TIMEOUT_S) -> None:
     while pid_alive(pid) and time.monotonic() < deadline:
         _reap(pid)
         time.sleep(0.2)
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     _reap(pid)
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 # --------------------------------------------------------------------------------------------

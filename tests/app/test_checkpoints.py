@@ -108,7 +108,7 @@ def test_the_run_page_shows_the_restart_and_where_the_restarted_ranks_ran(client
     from tests.app.pages_support import engine_events, stored_run
 
     first = engine_events("succeeded")[:-3]
-    attention = [p for kind, p in first if kind == "attention" and p["role"] == "critic" and p["rank"] == 1][0]
+    attention = next(p for kind, p in first if kind == "attention" and p["role"] == "critic" and p["rank"] == 1)
     restart = {"message": "restart 1 of 2: rank 1 died: killed; resuming from step 2 (/c/global_step_2)",
                "cause": "rank 1 died: killed", "rank": 1, "attempt": 1, "max_restarts": 2, "resumed_from_step": 2,
                "checkpoint": "/c/global_step_2", "source": "engine"}

@@ -212,7 +212,8 @@ def test_the_newest_probed_worker_node_is_an_environment_of_the_form(client, ses
     assert f"run #{probed}: cuda sm80 A100, flash-attn 2.8.3" in option.get_text()
 
     # The tiny CPU preset computes in fp32, which FlashAttention refuses (rule flash-attn-dtype); in bf16 it stays.
-    bf16 = dict.fromkeys(("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.ref.fsdp_config.dtype", "actor_rollout_ref.rollout.dtype", "critic.fsdp.dtype"), "bf16")
+    bf16 = dict.fromkeys(("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.ref.fsdp_config.dtype",
+                          "actor_rollout_ref.rollout.dtype", "critic.fsdp.dtype"), "bf16")
     for env, dtypes, effective in (("cpu", bf16, "sdpa"), ("probe", {}, "sdpa"), ("probe", bf16, "flash_attention_2")):
         resp = client.post("/runs/preview", data=form_data(page) | fa2 | dtypes | {"env": env},
                            headers={"X-CSRF-Token": csrf})

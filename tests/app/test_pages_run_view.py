@@ -52,7 +52,7 @@ def test_resuming_at_any_seq_folds_to_the_same_view(cuts):
     once = fold(evs)
     view = fold([])
     pos = 0
-    for cut in sorted(cuts) + [len(evs)]:
+    for cut in [*sorted(cuts), len(evs)]:
         for ev in evs[pos:max(pos, cut)]:
             apply_event(view, seq=ev.seq, kind=ev.kind, payload=ev.payload, ts=ev.ts)
         # the connection drops; the reconnect resends from up to three events back

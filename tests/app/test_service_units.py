@@ -74,11 +74,11 @@ def test_plan_never_overcommits_and_starts_a_prefix(rows, cpus, gpus):
     total = {"CPU": float(cpus), "GPU": float(gpus)}
     queue = [(i + 1, Need({"CPU": c, **({"GPU": g} if g else {})})) for i, (c, g) in enumerate(rows)]
     plan = plan_queue(queue, total, total)
-    started = [need for (rid, need), d in zip(queue, plan) if d.start]
+    started = [need for (rid, need), d in zip(queue, plan, strict=True) if d.start]
     for key in total:
         assert sum(n.resources.get(key, 0) for n in started) <= total[key]
     # FIFO: among runs that fit the cluster at all, the started ones come before every waiting one.
-    fitting = [d for (rid, need), d in zip(queue, plan) if not never_fits(need, total)]
+    fitting = [d for (rid, need), d in zip(queue, plan, strict=True) if not never_fits(need, total)]
     flags = [d.start for d in fitting]
     assert flags == sorted(flags, reverse=True)
     assert all(d.reason for d in plan if not d.start)
@@ -155,9 +155,11 @@ def test_attention_summary_takes_the_first_rank_of_each_role():
     summary = attention_summary(payloads)
     assert set(summary) == {"actor", "critic"}
     assert summary["actor"]["effective"] == "sdpa" and summary["critic"]["status"] == "forced"
-    restarted = attention_summary(payloads + [
+    restarted = attention_summary([
+        *payloads,
         {"role": "actor", "rank": 1, "effective": "eager", "observed": "eager", "attempt": 1, "node": "10.0.0.9"},
-        {"role": "actor", "rank": 0, "effective": "sdpa", "observed": "sdpa", "attempt": 1, "node": "10.0.0.8"}])
+        {"role": "actor", "rank": 0, "effective": "sdpa", "observed": "sdpa", "attempt": 1, "node": "10.0.0.8"},
+    ])
     assert (restarted["actor"]["rank"], restarted["actor"]["effective"], restarted["actor"]["node"],
             restarted["actor"]["attempt"]) == (1, "eager", "10.0.0.9", 1)  # the first rank seen after the restart
     assert restarted["critic"]["attempt"] == 0

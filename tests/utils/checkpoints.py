@@ -52,4 +52,4 @@ def assert_same_weights(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any
     for role in a:
         assert a[role].keys() == b[role].keys()
         for name in a[role]:
-            torch.testing.assert_close(a[role][name], b[role][name], msg=lambda m: f"{role} {name}: {m}")
+            torch.testing.assert_close(a[role][name], b[role][name], msg=lambda m, role=role, name=name: f"{role} {name}: {m}")

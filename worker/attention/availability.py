@@ -222,7 +222,8 @@ def _flash_package(env: Environment, version: int) -> Unavailable | None:
         return None  # transformers 5.x short-circuits the check on Ascend NPU
     installed = {2: env.flash_attn_installed, 3: env.flash_attn_3_version is not None}.get(version, False)
     if not installed:
-        where = "the flash-attn package is not installed" if version == 2 else f"the FlashAttention{version} package is not installed"
+        where = ("the flash-attn package is not installed" if version == 2
+                 else f"the FlashAttention{version} package is not installed")
         return Unavailable(Rule.fa_not_installed, f"{where} on {env.name}.",
                            messages.flash_attn_not_installed(version, tmajor), "ImportError")
     if version == 2 and version_tuple(env.flash_attn_version or "0") < (2, 3, 3):

@@ -12,8 +12,8 @@ from typing import Any
 
 from worker.core.vocabulary import ModelInfo
 
-TINY_SHAPE: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False)
+TINY_SHAPE: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "intermediate_size": 128, "max_position_embeddings": 512, "tie_word_embeddings": False}
 """The shape of the built-in presets (``worker.engine.models.PRESETS``)."""
 BUILTIN_ARCHITECTURES: dict[str, str] = {"tiny-llama": "LlamaForCausalLM", "tiny-qwen2": "Qwen2ForCausalLM"}
 """Each built-in preset's model class (a test keeps them equal to ``worker.engine.models.PRESETS``)."""

@@ -172,7 +172,8 @@ def resolve(
     section = "actor_rollout_ref.model.override_config"
     out = Resolution(environment=env.name, policy=spec.attnboard.fallback_policy)
     actor_strategy = arr.actor.strategy
-    shared = dict(override_config=arr.model.override_config, strategy=actor_strategy, sp=spec.actor_sp, support=actor_support)
+    shared = {"override_config": arr.model.override_config, "strategy": actor_strategy, "sp": spec.actor_sp,
+              "support": actor_support}
 
     actor = _resolve_role(spec, env, _RoleInput("actor", section, trained=True, **shared))
     out.roles["actor"] = actor

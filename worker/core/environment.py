@@ -90,7 +90,7 @@ class Environment:
         elif not isinstance(backends, (list, tuple)) or not all(isinstance(b, str) for b in backends):
             raise InvalidEnvironment("environment.sdpa_backends", backends,
                                      f"{backends!r} must be a list of backend names, e.g. [\"flash_attention\", \"math\"]",
-                                     valid=list(("flash_attention", "efficient_attention", "cudnn_attention", "math")))
+                                     valid=["flash_attention", "efficient_attention", "cudnn_attention", "math"])
         else:
             values["sdpa_backends"] = tuple(backends)
         device = values.get("device", "cpu")

@@ -24,6 +24,7 @@ goes under the run's artefact folder, and the service confines absolute ones to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -178,10 +179,8 @@ def folder_size(path: Path) -> int:
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
     return total
 
 

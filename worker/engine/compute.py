@@ -173,7 +173,7 @@ def _cache_of(out) -> dict[str, object]:
     """The KV cache a forward returned, as the keyword the next forward takes: ``cache`` in transformers
     >= 5.24 (``past_key_values`` is deprecated there), ``past_key_values`` before (5.17 on the device
     machine)."""
-    name = "cache" if "cache" in out.keys() else "past_key_values"
+    name = "cache" if "cache" in out else "past_key_values"
     return {name: out[name]}
 
 

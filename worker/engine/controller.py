@@ -98,7 +98,7 @@ class WorkerGroup:
         On cancellation the calls in flight get ``grace_s`` to finish (a PPO step of a small model does),
         so the ranks end idle and can be reused; after that the ranks are left busy and get killed."""
         results: dict[Any, Any] = {}
-        rank_of = dict(zip(refs, ranks))
+        rank_of = dict(zip(refs, ranks, strict=True))
         pending = list(refs)
         self.idle = False
         deadline = None

@@ -39,7 +39,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from worker.attention.model_config import TINY_SHAPE, ModelPathError, model_info, read_config_json  # noqa: F401 - re-exported
+from worker.attention.model_config import TINY_SHAPE, ModelPathError, model_info
 
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_SEED = 0

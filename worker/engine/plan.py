@@ -8,6 +8,7 @@ events built here are the truth the dashboard shows, and every disagreement with
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict
 from typing import Any
 
@@ -65,8 +66,10 @@ def checkpointing_applies(enabled: bool, sp: int) -> bool:
 def checkpointing_note(spec: RunSpec) -> str | None:
     """A log line when ``enable_gradient_checkpointing`` is set but not applied (Ulysses SP > 1)."""
     skipped = [key for key, enabled, sp in (
-        ("actor_rollout_ref.model.enable_gradient_checkpointing", spec.actor_rollout_ref.model.enable_gradient_checkpointing, spec.actor_sp),
-        ("critic.model.enable_gradient_checkpointing", spec.critic.model.enable_gradient_checkpointing and spec.has_critic, spec.critic_sp),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing",
+         spec.actor_rollout_ref.model.enable_gradient_checkpointing, spec.actor_sp),
+        ("critic.model.enable_gradient_checkpointing",
+         spec.critic.model.enable_gradient_checkpointing and spec.has_critic, spec.critic_sp),
     ) if enabled and not checkpointing_applies(enabled, sp)]
     if not skipped:
         return None
@@ -108,7 +111,7 @@ def fallback_payloads(report: dict[str, Any]) -> list[dict[str, Any]]:
     of the availability check that refused it before any load, when it did)."""
     out = []
     attempts = report["attempts"]
-    for failed, nxt in zip(attempts, attempts[1:]):
+    for failed, nxt in itertools.pairwise(attempts):
         if failed["ok"]:
             continue
         out.append({"role": report["role"], "rank": report["rank"], "from": failed["implementation"],

@@ -450,10 +450,10 @@ class RankWorker:
         generator = torch.Generator(device=batch["prompt_ids"].device)
         generator.manual_seed(int(settings["seed"]) * 1000 + self.generations * 17 + self.rank)
         self.generations += 1
-        kwargs = dict(max_new_tokens=settings["max_new_tokens"], eos_token_id=settings["eos_token_id"],
-                      pad_token_id=settings["pad_token_id"], temperature=settings["temperature"],
-                      top_p=settings["top_p"], do_sample=settings["do_sample"], generator=generator,
-                      sync_group=dist.group.WORLD, compute_dtype=dtype)
+        kwargs = {"max_new_tokens": settings["max_new_tokens"], "eos_token_id": settings["eos_token_id"],
+                      "pad_token_id": settings["pad_token_id"], "temperature": settings["temperature"],
+                      "top_p": settings["top_p"], "do_sample": settings["do_sample"], "generator": generator,
+                      "sync_group": dist.group.WORLD, "compute_dtype": dtype}
         if self.rollout_report is None:
             with observe_attention() as seen:
                 out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)

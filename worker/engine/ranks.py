@@ -17,6 +17,7 @@ process, so a refill can never take the CPU (or GPU) a starting run waits for.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -50,10 +51,8 @@ def start_rank(device: str, rank: int = 0, world: int = 1, run_id: str = "", **o
 
 
 def kill(handle: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):
         ray.kill(handle, no_restart=True)
-    except Exception:
-        pass
 
 
 @dataclass(frozen=True)

@@ -282,7 +282,7 @@ def _bound(args: tuple, kwargs: dict[str, Any]) -> tuple:
     """SDPA's arguments by position: (query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)."""
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     defaults = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
-    given = {**defaults, **dict(zip(names, args)), **kwargs}
+    given = {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
     return (given["query"], given["key"], given["value"], given["attn_mask"], float(given["dropout_p"]),
             bool(given["is_causal"]), bool(given["enable_gqa"]))
 

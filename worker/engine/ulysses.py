@@ -7,7 +7,8 @@ rank then attends over the whole sequence for ``nh/sp`` heads, and a second all-
 back to sequence-sharded ``(B, T/sp, nh, hd)``.
 
 How it plugs into transformers: ``register_ulysses(impl)`` registers ``ulysses_<impl>`` in the
-``AttentionInterface`` (and ``<impl>``'s mask builder under the same name); a model loaded with that name calls it for every layer. Outside a
+``AttentionInterface`` (and ``<impl>``'s mask builder under the same name); a model loaded with that name calls it for every
+layer. Outside a
 ``ulysses_context(...)`` block it passes straight through to ``<impl>`` (so rollout generation and
 single-rank use are unaffected). Inside the block it does the all-to-alls and builds the attention mask
 from the *global* padding mask, because the model only sees its local shard and would build a local
@@ -103,7 +104,8 @@ def qkv_seq_to_head(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> li
     for n in heads:
         assert n % sp == 0, f"cannot shard {n} heads across a sequence-parallel group of {sp}"
     # (B, sp, n_i/sp, T/sp, hd) each: head chunk j goes to rank j; joined on the per-rank head dim
-    x = torch.cat([t.reshape(b, sp, n // sp, tl, hd) for t, n in zip(tensors, heads)], dim=2)  # (B, sp, N/sp, T/sp, hd)
+    # (B, sp, N/sp, T/sp, hd) per tensor, concatenated along the heads
+    x = torch.cat([t.reshape(b, sp, n // sp, tl, hd) for t, n in zip(tensors, heads, strict=True)], dim=2)
     x = x.permute(1, 0, 2, 3, 4).contiguous()  # (sp, B, N/sp, T/sp, hd)
     x = _AllToAll.apply(x, group)  # (sp, B, N/sp, T/sp, hd): now chunk i holds sequence chunk i
     x = x.permute(1, 2, 0, 3, 4)  # (B, N/sp, sp, T/sp, hd)

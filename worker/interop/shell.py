@@ -19,6 +19,7 @@ environment; ``${X:-default}`` of a variable from the environment takes the defa
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -431,7 +432,7 @@ class _Reader:
                         (cond if stage == "cond" else body).append(c)
                 branches.append((cond, body))
             elif child.type == "else_clause":
-                branches.append((None, [c for c in child.named_children]))
+                branches.append((None, list(child.named_children)))
         undecided: list[tuple[str, list]] = []
         for cond, body in branches:
             if cond is None:
@@ -724,7 +725,7 @@ class _Reader:
             if isinstance(old, tuple):
                 value = _stored(old + value)
             elif isinstance(old, list):
-                self.set_var(name, old + [value])
+                self.set_var(name, [*old, value])
                 return
             elif isinstance(old, _Unknown):
                 return
@@ -777,7 +778,8 @@ class _Reader:
         command = _first(tree.root_node, "command")
         args = [c for i, c in enumerate(command.children) if command.field_name_for_child(i) == "argument"] \
             if command is not None else []
-        if tree.root_node.has_error or len(args) != 1 or args[0].end_byte != len(synthetic.encode("utf-8", errors="surrogatepass")):
+        whole = len(synthetic.encode("utf-8", errors="surrogatepass"))
+        if tree.root_node.has_error or len(args) != 1 or args[0].end_byte != whole:
             raise self.fail(group[0], f"cannot read the shell word {text[:80]}: quote it")
         sub = _Reader.__new__(_Reader)
         sub.__dict__.update(self.__dict__)
@@ -1109,7 +1111,7 @@ class _Reader:
         return sub.arith_node(found)
 
     def arith_node(self, node) -> int | None:
-        inner = [c for c in node.named_children]
+        inner = list(node.named_children)
         if not inner:
             return 0
         try:
@@ -1550,7 +1552,7 @@ def _split_fields(value: list[Piece], ifs: str) -> list[Value]:
         if buf:
             fields[-1].append(Piece("".join(buf), "quoted"))
             has_text[-1] = True
-    return [tuple(f) for f, keep in zip(fields, has_text) if keep]
+    return [tuple(f) for f, keep in zip(fields, has_text, strict=True) if keep]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1610,7 +1612,7 @@ def _expand_atoms(atoms: list[Piece], reader: _Reader, node) -> list[list[Piece]
         alternatives: list[list[Piece]]
         if commas:
             bounds = [i, *commas, j]
-            alternatives = [atoms[a + 1:b] for a, b in zip(bounds, bounds[1:])]
+            alternatives = [atoms[a + 1:b] for a, b in itertools.pairwise(bounds)]
         else:
             seq = _SEQUENCE.match("".join(a.text for a in body)) if all(a.kind == "lit" for a in body) else None
             if seq is None:

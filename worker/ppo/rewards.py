@@ -71,7 +71,7 @@ def positional_credit(solution: str, target: str, partial: Callable[[str, str], 
     length = max(len(solution), len(target))
     if length == 0:
         return 1.0
-    return sum(partial(s, t) for s, t in zip(solution, target)) / length
+    return sum(partial(s, t) for s, t in zip(solution, target, strict=True)) / length
 
 
 def _exact(s: str, t: str) -> float:

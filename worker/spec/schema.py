@@ -492,7 +492,8 @@ SPEC_KEYS: tuple[str, ...] = tuple(k for k in _schema_keys(RunSpec) if k != PASS
 
 # verl's deprecated aliases, accepted on input and rewritten to their current key.
 ALIASES: dict[str, str] = {
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size":
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
 }
 
 
@@ -621,7 +622,8 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
         if kind in ("spec", "open"):
             lifted[SPEC_NAMES.get(key, key)] = value
             return
-        if isinstance(value, dict) and value and kind in ("section", "verl", "unknown", "hydra") and depth < MAX_PASSTHROUGH_DEPTH:
+        nested = kind in ("section", "verl", "unknown", "hydra") and depth < MAX_PASSTHROUGH_DEPTH
+        if isinstance(value, dict) and value and nested:
             for sub, sub_value in value.items():
                 if not isinstance(sub, str) or not _HYDRA_DICT_KEY.match(sub):
                     issues.append(Issue(f"{where}.{sub}", sub_value, f"{sub!r} is not a key name"))

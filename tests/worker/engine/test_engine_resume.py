@@ -142,7 +142,7 @@ def test_a_checkpoint_interrupted_by_a_kill_is_skipped_and_the_previous_one_used
 
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(zip(("state", "events"), run_and_record(
-        spec, "kill-in-save", cache_dir, tmp_path, block_step_4_save))))
+        spec, "kill-in-save", cache_dir, tmp_path, block_step_4_save), strict=True)))
     runner.start()
     deadline = time.time() + 300
     while not (blocked / "rank_0.pt").exists():  # both ranks wrote their model shards; rank 1 waits on the FIFO

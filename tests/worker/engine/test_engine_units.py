@@ -318,7 +318,7 @@ def test_gradient_sync_reduces_fsdp2_gradients_once_per_mini_batch(world_of_one)
             wrapped(input_ids=micro).logits.sum().backward()
         if not last:  # accumulated unreduced: nothing has reached the sharded gradients yet
             assert all(p.grad is None for p in wrapped.parameters())
-    for (name, p), q in zip(plain.named_parameters(), wrapped.parameters()):
+    for (name, p), q in zip(plain.named_parameters(), wrapped.parameters(), strict=True):
         torch.testing.assert_close(q.grad.full_tensor(), p.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 

@@ -52,7 +52,7 @@ def test_char_tokenizer_saves_as_a_normal_hf_folder(tmp_path):
     assert (tmp_path / "tokenizer.json").is_file()
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     assert loaded("ab 12").input_ids == models.build_char_tokenizer()("ab 12").input_ids
-    assert loaded.decode(loaded("ab 12").input_ids + [loaded.eos_token_id], skip_special_tokens=True) == "ab 12"
+    assert loaded.decode([*loaded("ab 12").input_ids, loaded.eos_token_id], skip_special_tokens=True) == "ab 12"
     assert (loaded.pad_token, loaded.bos_token, loaded.eos_token) == ("<pad>", "<bos>", "<eos>")
 
 
@@ -69,7 +69,7 @@ def test_builtin_weights_are_seeded_and_leave_the_global_rng_alone():
     torch.manual_seed(999)
     b = models.build_builtin_model("builtin:tiny-llama", seed=5)
     c = models.build_builtin_model("builtin:tiny-llama", seed=6)
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
 
@@ -160,7 +160,8 @@ def test_override_config_lands_on_the_config_including_nested_keys(llama_folder)
 
 def test_update_model_config_recurses_into_nested_dicts():
     class Plain:
-        rope_scaling = {"type": "dynamic", "factor": 1.0, "extra": {"x": 1, "y": 2}}
+        def __init__(self):
+            self.rope_scaling = {"type": "dynamic", "factor": 1.0, "extra": {"x": 1, "y": 2}}
 
     cfg = Plain()
     cfg.text_config = PretrainedConfig(hidden_size=16, vocab_size=10)
@@ -276,7 +277,7 @@ def test_no_roots_refuses_every_folder_but_presets_are_always_allowed(roots, cac
         models.resolve_model_path(good, [], field="critic.model.path")
     assert str(info.value).startswith(f"critic.model.path {good!r} resolves to")
     assert (info.value.field, info.value.value) == ("critic.model.path", good)
-    with pytest.raises(models.ModelPathError, match="^actor_rollout_ref.model.path 'builtin:gpt5': unknown built-in"):
+    with pytest.raises(models.ModelPathError, match=r"^actor_rollout_ref\.model\.path 'builtin:gpt5': unknown built-in"):
         models.resolve_model_path("builtin:gpt5", [], cache_dir=cache_dir, field="actor_rollout_ref.model.path")
     folder = models.resolve_model_path("builtin:tiny-llama", [], cache_dir=cache_dir)
     assert (folder / "config.json").is_file()

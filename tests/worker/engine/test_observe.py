@@ -12,8 +12,8 @@ from transformers.models.llama import modeling_llama
 from worker.engine import ulysses
 from worker.engine.observe import observe_attention
 
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=128, vocab_size=64)
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 128, "vocab_size": 64}
 
 
 def tiny(arch: str, impl: str) -> torch.nn.Module:

@@ -25,9 +25,9 @@ def tiny_lm(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
 
 
 def plan(**overrides) -> RolePlan:
-    values = dict(role="actor", loader="causal_lm", folder="unused", override_config={}, candidates=["sdpa"],
-                  requested="sdpa", forced=False, reasons=[], strategy="fsdp2", sp=1, trained=True, lr=1e-3,
-                  weight_decay=0.0, compute_dtype="bfloat16", master_dtype="float32")
+    values = {"role": "actor", "loader": "causal_lm", "folder": "unused", "override_config": {}, "candidates": ["sdpa"],
+                  "requested": "sdpa", "forced": False, "reasons": [], "strategy": "fsdp2", "sp": 1, "trained": True, "lr": 1e-3,
+                  "weight_decay": 0.0, "compute_dtype": "bfloat16", "master_dtype": "float32"}
     return RolePlan(**{**values, **overrides})
 
 
@@ -128,7 +128,7 @@ def test_fp16_compute_scales_the_loss_as_verl_does(world_of_one, strategy):
     metrics = compute.update_actor(wrapped, optimizer, batch, compute.NO_SP, settings, compute_dtype="float16",
                                    scaler=scaler)
     assert 0 < metrics["actor/grad_norm"] < 1e3  # unscaled before clipping: not 65536 times the true norm
-    assert any(not torch.equal(p, b) for p, b in zip(wrapped.parameters(), before))  # it stepped
+    assert any(not torch.equal(p, b) for p, b in zip(wrapped.parameters(), before, strict=True))  # it stepped
 
 
 def _gen_settings(dtype: str) -> dict:

@@ -662,7 +662,7 @@ HF_VALUE = st.recursive(LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3
                                                       st.dictionaries(IDENT, inner, max_size=3)), max_leaves=6)
 OVERRIDE_CONFIG = st.builds(
     lambda attn, rest: ({"attn_implementation": attn} if attn else {}) | rest,
-    st.one_of(st.none(), st.sampled_from(BUILTIN_NAMES + ("paged|sdpa", "kernels-community/flash-attn@main:fwd"))),
+    st.one_of(st.none(), st.sampled_from((*BUILTIN_NAMES, "paged|sdpa", "kernels-community/flash-attn@main:fwd"))),
     st.dictionaries(IDENT, HF_VALUE, max_size=3),
 )
 

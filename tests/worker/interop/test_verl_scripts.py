@@ -248,9 +248,9 @@ def test_what_is_not_known_is_listed(name: str, warning: str) -> None:
 # --------------------------------------------------------------------------------------------
 # Arbitrary text: the one error type, never another exception (issue 12)
 
-SHELL_PIECES = list("abcxyz_=.+-~ \t\n\\'\"$@#{}[]()<>|&;*?!`,:%^/0123456789") + [
-    "$(", "${", "$((", "python3 -m verl.trainer.main_ppo ", "[[", "]]", "if ", "fi", "then ", "for ", "do ", "done",
-    "case ", "esac", "<<EOF\n", "\\\n", "${X:-", "${#A[@]}", "A=(1 2)", "trainer.nnodes=", "+a.b=", "[x,y]"]
+SHELL_PIECES = [*list("abcxyz_=.+-~ \t\n\\'\"$@#{}[]()<>|&;*?!`,:%^/0123456789"), "$(", "${", "$((",
+                "python3 -m verl.trainer.main_ppo ", "[[", "]]", "if ", "fi", "then ", "for ", "do ", "done", "case ", "esac",
+                "<<EOF\n", "\\\n", "${X:-", "${#A[@]}", "A=(1 2)", "trainer.nnodes=", "+a.b=", "[x,y]"]
 SHELLISH = st.lists(st.sampled_from(SHELL_PIECES), max_size=60).map("".join)
 
 

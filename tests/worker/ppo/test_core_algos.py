@@ -162,7 +162,7 @@ def _gae_plain_loop(rewards, values, mask, gamma, lam):
     """Reference: per row, keep only the response tokens, run textbook GAE over them, and give each
     padding position the advantage of the next response token (0 after the last)."""
     advantages = []
-    for r_row, v_row, m_row in zip(rewards, values, mask):
+    for r_row, v_row, m_row in zip(rewards, values, mask, strict=True):
         kept = [t for t, m in enumerate(m_row) if m]
         adv_kept = [0.0] * len(kept)
         running = 0.0

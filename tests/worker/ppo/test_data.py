@@ -66,7 +66,7 @@ def test_load_prompts_renders_tokenizes_and_shuffles(tok):
     prompts = data.load_prompts("builtin:count", tok, 16, seed=3)
     first = prompts[0]
     assert first.prompt_text.startswith("count from ") and first.prompt_text.endswith("\n")
-    assert first.prompt_ids == [tok.bos_token_id] + tok.convert_tokens_to_ids(list(first.prompt_text))
+    assert first.prompt_ids == [tok.bos_token_id, *tok.convert_tokens_to_ids(list(first.prompt_text))]
     assert first.data_source == "count" and len(first.ground_truth) == 5
     assert [p.prompt_text for p in prompts] == [p.prompt_text for p in data.load_prompts("builtin:count", tok, 16, seed=3)]
     unshuffled = [data.render_simple(r["prompt"]) for r in data.builtin_rows("count", seed=3)]
@@ -228,8 +228,8 @@ def test_a_tiny_model_learns_the_count_task(tok):
                                             value=tok.pad_token_id)  # (B, T)
         eos = (responses == tok.eos_token_id).long()
         mask = ((torch.cumsum(eos, dim=1) - eos) == 0).float()  # (B, T) up to and including the first EOS
-        texts = [tok.decode(r[m.bool()].tolist(), skip_special_tokens=True) for r, m in zip(responses, mask)]
-        scores = torch.tensor([score(p.data_source, t, p.ground_truth) for p, t in zip(batch, texts)])
+        texts = [tok.decode(r[m.bool()].tolist(), skip_special_tokens=True) for r, m in zip(responses, mask, strict=True)]
+        scores = torch.tensor([score(p.data_source, t, p.ground_truth) for p, t in zip(batch, texts, strict=True)])
         token_rewards = torch.zeros_like(mask)
         token_rewards[torch.arange(len(batch)), mask.sum(dim=1).long() - 1] = scores
         advantages, _ = ppo_math.compute_grpo_outcome_advantage(token_rewards, mask, [i // n_samples for i in range(len(batch))])

@@ -40,5 +40,5 @@ def test_overrides_apply_and_invalid_ones_are_named():
     assert check_spec(spec) == []
     with pytest.raises(SpecError, match=r"data.train_batch_size \(6\) must be divisible by ppo_mini_batch_size \(4\)"):
         tiny_cpu_spec(**{"data.train_batch_size": 6})
-    with pytest.raises(SpecError, match="trainer.n_gpu"):
+    with pytest.raises(SpecError, match=r"trainer\.n_gpu"):
         tiny_cpu_spec(**{"trainer.n_gpu": 2})

@@ -128,7 +128,8 @@ def test_hub_kernel_names_are_accepted():
         ({"actor_rollout_ref.actor.ppo_mini_batch_size": 3},
          "actor_rollout_ref.actor.ppo_mini_batch_size", "data.train_batch_size (8) must be divisible by ppo_mini_batch_size (3)"),
         ({"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 3},
-         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "(2 = 4 x 1 / 2) must be divisible by ppo_micro_batch_size_per_gpu (3)"),
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+         "(2 = 4 x 1 / 2) must be divisible by ppo_micro_batch_size_per_gpu (3)"),
         ({"critic.ppo_micro_batch_size_per_gpu": 4},
          "critic.ppo_micro_batch_size_per_gpu", "[critic] ppo_mini_batch_size per data-parallel rank"),
         ({"actor_rollout_ref.actor.ppo_mini_batch_size": 1, "data.train_batch_size": 1},
@@ -165,7 +166,7 @@ def test_critic_override_without_a_critic_is_reported():
 def test_validate_spec_raises_on_errors_and_returns_warnings():
     with pytest.raises(SpecError):
         validate_spec({**SMALL, "actor_rollout_ref.actor.ppo_mini_batch_size": 3})
-    spec, warnings = validate_spec({**SMALL, "algorithm.use_kl_in_reward": True,
+    _, warnings = validate_spec({**SMALL, "algorithm.use_kl_in_reward": True,
                                     "actor_rollout_ref.actor.use_kl_loss": True})
     assert [w.severity for w in warnings] == ["warning"]
 
