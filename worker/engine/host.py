@@ -191,3 +191,25 @@ def engine_host(*, name: str = HOST_NAME, warm_ranks: int = 0, warm_device: str 
         name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
         max_concurrency=MAX_CONCURRENCY, max_restarts=0,
     ).remote(warm_ranks, warm_device)
+
+
+def launch_controller(spec: dict, *, run_id: str, model_roots: list[str] | None = None,
+                      cache_dir: str | None = None, save_actor_to: str | None = None,
+                      artefact_dir: str | None = None, checkpoint_roots: list[str] | None = None,
+                      continuation: dict[str, Any] | None = None) -> Any:
+    """Start a run in the engine host (created on first use) -> its ``RunHandle``.
+
+    ValueError when the host already has a run of that id."""
+    host = engine_host()
+    if not ray.get(host.submit.remote(spec, run_id, model_roots, cache_dir, save_actor_to, artefact_dir=artefact_dir,
+                                      checkpoint_roots=checkpoint_roots, continuation=continuation)):
+        raise ValueError(f"run {run_id}: the engine host already has it")
+    return RunHandle(host, run_id)
+
+
+def get_controller(run_id: str) -> Any:
+    """The ``RunHandle`` of a run the engine host has (ValueError when it has not, or there is no host)."""
+    host = find_host()
+    if host is None or not ray.get(host.has_run.remote(run_id)):
+        raise ValueError(f"run {run_id}: not in the engine host")
+    return RunHandle(host, run_id)

@@ -15,8 +15,8 @@ import pytest
 import ray
 
 from worker.engine import launch_controller, run_spec
-from worker.engine.controller import get_controller, run_actor_names
-from worker.engine.host import RunUnknown, engine_host
+from worker.engine.controller import run_actor_names
+from worker.engine.host import RunUnknown, engine_host, get_controller
 from worker.spec import RunSpec, spec_to_tree
 from worker.spec.presets import tiny_cpu_spec
 
