@@ -1,5 +1,6 @@
+# GENERATED FILE, DO NOT EDIT. Regenerate with: .venv/bin/python scripts/gen_verl_defaults.py
 """verl's known config keys and their defaults, generated from verl 0.9.1's
-``verl/trainer/config/_generated_ppo_trainer.yaml`` by ``scripts/gen_verl_keys.py``; do not edit.
+``verl/trainer/config/_generated_ppo_trainer.yaml`` by ``scripts/gen_verl_defaults.py``.
 
 Dotted leaf keys -> default. ``MANDATORY`` (``???``) marks a key verl requires on the command line;
 an empty dict is a leaf whose sub-keys verl does not declare (``override_config``).

@@ -1,6 +1,8 @@
 """Regenerate worker/spec/verl_defaults.py from the installed verl wheel's generated default config.
 
-    .venv/bin/python scripts/gen_verl_keys.py
+    .venv/bin/python scripts/gen_verl_defaults.py
+
+``tests/worker/spec/test_verl_defaults.py`` fails when the committed file differs from what this prints.
 
 verl is located with ``importlib.util.find_spec`` and never imported (it is installed with
 ``--no-deps``, so importing it would fail). Interpolations of the form ``${key}`` and
@@ -20,7 +22,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = ROOT / "worker" / "verl_keys.py"
+TARGET = ROOT / "worker" / "spec" / "verl_defaults.py"
 YAML_NAME = Path("trainer") / "config" / "_generated_ppo_trainer.yaml"
 _SELECT = re.compile(r"^\$\{(?:oc\.select:)?\s*([^,{}$]+?)\s*(?:,\s*([^{}$]*?)\s*)?\}$")
 
@@ -61,16 +63,17 @@ def resolve(flat: dict[str, Any], key: str, depth: int = 0) -> Any:
     return value
 
 
-def main() -> None:
+def render() -> tuple[str, int, str]:
+    """The generated module's text, the number of keys and verl's version."""
     path = find_generated_yaml()
     version = importlib.metadata.version("verl")
     flat = flatten(yaml.safe_load(path.read_text()))
     resolved = {key: resolve(flat, key) for key in sorted(flat)}
     body = "{\n" + "".join(f"    {key!r}: {value!r},\n" for key, value in resolved.items()) + "}"
-    TARGET.write_text(
+    text = (
+        "# GENERATED FILE, DO NOT EDIT. Regenerate with: .venv/bin/python scripts/gen_verl_defaults.py\n"
         '"""verl\'s known config keys and their defaults, generated from verl '
-        f"{version}'s\n``verl/trainer/config/_generated_ppo_trainer.yaml`` by ``scripts/gen_verl_keys.py``; "
-        "do not edit.\n\n"
+        f"{version}'s\n``verl/trainer/config/_generated_ppo_trainer.yaml`` by ``scripts/gen_verl_defaults.py``.\n\n"
         "Dotted leaf keys -> default. ``MANDATORY`` (``???``) marks a key verl requires on the command line;\n"
         'an empty dict is a leaf whose sub-keys verl does not declare (``override_config``).\n"""\n\n'
         "from typing import Any\n\n"
@@ -78,7 +81,13 @@ def main() -> None:
         'MANDATORY = "???"\n\n'
         f"VERL_DEFAULTS: dict[str, Any] = {body}\n"
     )
-    print(f"{TARGET.relative_to(ROOT)}: {len(resolved)} keys from verl {version}")
+    return text, len(resolved), version
+
+
+def main() -> None:
+    text, count, version = render()
+    TARGET.write_text(text)
+    print(f"{TARGET.relative_to(ROOT)}: {count} keys from verl {version}")
 
 
 if __name__ == "__main__":
