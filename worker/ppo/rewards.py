@@ -71,7 +71,8 @@ def positional_credit(solution: str, target: str, partial: Callable[[str, str], 
     length = max(len(solution), len(target))
     if length == 0:
         return 1.0
-    return sum(partial(s, t) for s, t in zip(solution, target, strict=True)) / length
+    # Positions past the shorter string score nothing (the division by the longer length charges them).
+    return sum(partial(s, t) for s, t in zip(solution, target, strict=False)) / length
 
 
 def _exact(s: str, t: str) -> float:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -95,7 +96,7 @@ def test_preset_folder_is_a_real_hf_folder(cache_dir, preset, arch):
 
 def test_another_process_materialises_identical_weights(tmp_path):
     """Ranks materialise presets on their own: the same seed must give the same bytes in any process."""
-    script = ("import sys; from worker import models; "
+    script = ("import sys; from worker.engine import models; "
               "print(models.ensure_builtin_folder('builtin:tiny-qwen2', sys.argv[1], seed=7))")
     other = subprocess.run([sys.executable, "-c", script, str(tmp_path / "other")], capture_output=True, text=True,
                            cwd=Path(__file__).parents[3], timeout=300, check=True)
@@ -160,8 +161,8 @@ def test_override_config_lands_on_the_config_including_nested_keys(llama_folder)
 
 def test_update_model_config_recurses_into_nested_dicts():
     class Plain:
-        def __init__(self):
-            self.rope_scaling = {"type": "dynamic", "factor": 1.0, "extra": {"x": 1, "y": 2}}
+        # A class attribute on purpose: the update must not mutate it (asserted below).
+        rope_scaling: ClassVar[dict] = {"type": "dynamic", "factor": 1.0, "extra": {"x": 1, "y": 2}}
 
     cfg = Plain()
     cfg.text_config = PretrainedConfig(hidden_size=16, vocab_size=10)
