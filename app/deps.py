@@ -116,6 +116,11 @@ async def require_write(request: Request) -> Principal:
     return require_scope(await get_principal(request), "write")
 
 
+async def require_admin(request: Request) -> Principal:
+    """Minting, listing and revoking tokens: the admin scope (a write token cannot mint itself more)."""
+    return require_scope(await get_principal(request), "admin")
+
+
 async def require_token(request: Request) -> Principal:
     """Any valid token (read scope): for POST endpoints that compute but change nothing."""
     return require_scope(await get_principal(request), "read")

@@ -213,6 +213,38 @@ def _load_or_create_secret(path: Path) -> str:
     return key
 
 
+def served_pointer_path() -> Path:
+    """Where ``attnboard serve`` notes the database it serves, so the CLI run from another folder finds it:
+    ``$XDG_CONFIG_HOME/attnboard/served.json`` (``~/.config`` by default), readable by this user only."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "attnboard" / "served.json"
+
+
+def record_served(settings: Settings) -> None:
+    """Note the served data folder and database (called by ``attnboard serve``); a failure to write is harmless."""
+    import json
+
+    path = served_pointer_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"DATA_DIR": str(settings.DATA_DIR.resolve()), "DATABASE_URL": settings.DATABASE_URL}, fh)
+    except OSError:
+        pass
+
+
+def served_settings() -> Settings | None:
+    """The settings of the database ``attnboard serve`` last served, from ``served_pointer_path()``; None without."""
+    import json
+
+    try:
+        noted = json.loads(served_pointer_path().read_text())
+        return Settings(DATA_DIR=Path(noted["DATA_DIR"]), DATABASE_URL=noted["DATABASE_URL"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 @lru_cache
 def get_settings() -> Settings:
     """The process's settings, read from the environment once."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response, status
 
 from app.deps import (
     LauncherDep,
@@ -89,14 +89,26 @@ async def list_events(
     return _json(await reader_of(request)(reads.events_json, run_id=run_id, after_seq=after, limit=limit))
 
 
-@router.post("/{run_id}/events", response_model=AppendResult, dependencies=Write)
+async def require_engine(
+    request: Request,
+    run_id: RunId,
+    ingest: Annotated[str | None, Header(alias=events.INGEST_HEADER, description="The run's ingest credential, "
+                                         "held by the engine only.")] = None,
+) -> None:
+    """Before the body is read: only the holder of the run's ingest credential may post its events."""
+    events.check_ingest_credential(request.app.state.settings.SECRET_KEY, run_id, ingest)
+
+
+@router.post("/{run_id}/events", response_model=AppendResult, dependencies=[Depends(require_engine)])
 def append_events(
     request: Request,
     session: SessionDep,
     run_id: RunId,
     body: Annotated[list[EventCreate], Body(max_length=MAX_EVENTS_PER_POST)],
 ) -> AppendResult:
-    """Ingest worker events; idempotent on (run_id, seq), a gap in seq is refused (409)."""
+    """The engine's ingest of a run's events (the ``X-Attnboard-Ingest`` credential; no user token or session may
+    post them): idempotent on (run_id, seq), a gap in seq is refused (409), a seq already stored with a different
+    payload is kept aside and counted (``conflicts``)."""
     result = events.append_events(session, run_id=run_id, events=body)
     if result.inserted:
         request.app.state.run_changes.notify()  # /wait long-polls and the live pages' feeds

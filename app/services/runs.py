@@ -221,8 +221,11 @@ def cancel_run(session: Session, *, run_id: int, launcher: Launcher | None = Non
         raise AppError(409, "invalid_transition", f"run {run_id} is already {status.value}: only queued, starting "
                        f"or running runs can be cancelled", field="status", value=status.value,
                        valid=["queued", "starting", "running"])
-    if status == RunStatus.queued or launcher is None:
-        why = "cancelled before it started" if status == RunStatus.queued else "cancelled (no launcher attached)"
+    if status == RunStatus.queued or launcher is None or not run.ray_job:
+        # Never handed to compute (queued, no launcher, or no Ray job, e.g. a state no engine reported): nothing
+        # runs that could stop by itself, so the run ends here, whatever state it shows.
+        why = ("cancelled before it started" if status == RunStatus.queued else
+               "cancelled (no launcher attached)" if launcher is None else "cancelled (no job was started for it)")
         if launcher is not None and run.ray_job:
             launcher.cancel(run)
         set_status(run, RunStatus.cancelled, reason=why)

@@ -30,6 +30,15 @@ def make_run(client, headers, name: str = "run", **spec_overrides: Any) -> dict[
     return resp.json()
 
 
+def engine_headers(client, run_id: int) -> dict[str, str]:
+    """The headers the engine posts run ``run_id``'s events with (its ingest credential); user tokens cannot.
+    ``client`` is a TestClient or the app itself."""
+    from app.services.events import INGEST_HEADER, ingest_credential
+
+    app = getattr(client, "app", client)
+    return {INGEST_HEADER: ingest_credential(app.state.settings.SECRET_KEY, run_id)}
+
+
 def status_event(seq: int, status: str, reason: str | None = None) -> dict[str, Any]:
     payload: dict[str, Any] = {"status": status}
     if reason is not None:

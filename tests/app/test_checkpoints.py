@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from app.services.checkpoints import run_folder
-from tests.app.factories import make_run, status_event
+from tests.app.factories import engine_headers, make_run, status_event
 from tests.app.pages_support import csrf_of, login, soup
 from tests.utils.checkpoints import write_checkpoint
 from worker.engine import checkpoint
@@ -23,7 +23,7 @@ def root(settings):
 
 def _ended(client, headers, run_id: int, status: str = "failed") -> None:
     events = [status_event(1, "starting"), status_event(2, "running"), status_event(3, status, "rank 1 died")]
-    assert client.post(f"/api/runs/{run_id}/events", json=events, headers=headers).status_code == 200
+    assert client.post(f"/api/runs/{run_id}/events", json=events, headers=engine_headers(client, run_id)).status_code == 200
 
 
 def _folder(client, run_id: int, root):

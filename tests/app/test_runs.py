@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from tests.app.factories import RecordingLauncher, make_run, status_event, tiny_spec
+from tests.app.factories import RecordingLauncher, engine_headers, make_run, status_event, tiny_spec
 
 
 def _events(client, headers, run_id, *events):
-    resp = client.post(f"/api/runs/{run_id}/events", json=list(events), headers=headers)
+    resp = client.post(f"/api/runs/{run_id}/events", json=list(events), headers=engine_headers(client, run_id))
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -95,6 +95,19 @@ def test_cancel_running_with_launcher_waits_for_the_worker(client, api, write_he
     _events(client, write_headers, run["id"], status_event(3, "cancelled", "stopped by user"))
     done = client.get(f"/api/runs/{run['id']}").json()
     assert (done["status"], done["cancel_requested"], done["status_reason"]) == ("cancelled", False, "stopped by user")
+
+
+def test_cancel_ends_a_run_in_every_non_terminal_state(client, api, write_headers):
+    """A run that shows starting or running without a job (never handed to compute) cannot wait for workers to
+    stop: cancel ends it at once, even with a launcher attached."""
+    for shown in ("starting", "running"):
+        api.state.launcher = RecordingLauncher(fail=True)
+        run_id = client.post("/api/runs", json={"name": "x", "spec": tiny_spec()}, headers=write_headers).json()["error"]["value"]
+        events = [status_event(1, "starting")] + ([status_event(2, "running")] if shown == "running" else [])
+        _events(client, write_headers, run_id, *events)
+        api.state.launcher = RecordingLauncher()
+        body = client.post(f"/api/runs/{run_id}/cancel", headers=write_headers).json()
+        assert (body["status"], body["status_reason"]) == ("cancelled", "cancelled (no job was started for it)"), shown
 
 
 def test_unreachable_launcher_keeps_the_run_queued(client, api, write_headers):

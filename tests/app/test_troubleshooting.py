@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from app.models_troubleshooting import EntrySource
 from app.services.troubleshooting import diagnose, draft_from_event, environment_label
-from tests.app.factories import make_run
+from tests.app.factories import engine_headers, make_run
 from tests.app.pages_support import csrf_of, login, soup
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -34,7 +34,7 @@ def fallback(role: str, error: str = FA2_MISSING) -> dict[str, Any]:
 
 def post_events(client, headers, run_id: int, events: list[tuple[str, dict[str, Any]]], start: int = 1) -> None:
     body = [{"seq": start + i, "kind": kind, "payload": payload} for i, (kind, payload) in enumerate(events)]
-    resp = client.post(f"/api/runs/{run_id}/events", json=body, headers=headers)
+    resp = client.post(f"/api/runs/{run_id}/events", json=body, headers=engine_headers(client, run_id))
     assert resp.status_code == 200, resp.text
 
 
