@@ -26,6 +26,7 @@ from app.routes import health, pages, runs, specs, tokens, tools, trials, troubl
 from app.services import trials as trials_service
 from app.services.auth import bearer_authenticator
 from app.services.feeds import RunFeeds
+from app.services.interop import import_calls
 from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
 from app.services.ray_launcher import ACTIVE, RayLauncher
@@ -54,9 +55,12 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         # On the main thread (blocking start-up and shutdown is fine): Ray's driver wants its signal handlers
         # there and aborts the process when it is shut down from another thread.
         supervisor = _start_ray(app, settings) if ray else None
+        if ray:
+            app.state.imports.warm()  # the served app's first import finds a child ready
         yield
         if supervisor is not None:
             _stop_ray(app, supervisor)
+        app.state.imports.close()
         app.state.engine.dispose()
 
     app = FastAPI(
@@ -70,6 +74,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.engine = make_engine(settings.DATABASE_URL)
     app.state.launcher = launcher
     app.state.run_changes = RunChanges()
+    app.state.imports = import_calls(settings.IMPORT_TIMEOUT_S)  # scripts are read in child processes
     app.state.run_feeds = RunFeeds(app.state.engine, app.state.run_changes)
     # Tried in order for every request; the dashboard appends its session-cookie authenticator.
     app.state.authenticators = [bearer_authenticator]

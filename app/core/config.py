@@ -123,6 +123,15 @@ class Settings(BaseSettings):
         description="Largest request body accepted, in bytes; bigger requests get 413.",
     )
 
+    IMPORT_TIMEOUT_S: float = Field(
+        1.5,
+        gt=0,
+        le=600,
+        description="Wall clock of one import of a verl script or YAML (POST /api/import, the form's import box), "
+        "in seconds: the text is read in a child process, killed when it overruns, and the import answers 422 "
+        "import_timeout; the server keeps answering meanwhile.",
+    )
+
     @field_validator("DATABASE_URL")
     @classmethod
     def _check_url(cls, value: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import ConfigDict, Field
 
 from app.deps import SettingsDep, require_token
@@ -43,6 +43,7 @@ def resolve(body: ResolveRequest, settings: SettingsDep) -> dict[str, Any]:
 
 
 @router.post("/import", dependencies=[Depends(require_token)])
-def import_config(body: ImportRequest) -> dict[str, Any]:
-    """A verl command line or YAML -> spec + warnings. Errors name the offending token and its position."""
-    return interop.import_text(text=body.text, format=body.format)
+def import_config(request: Request, body: ImportRequest) -> dict[str, Any]:
+    """A verl command line or YAML -> spec + warnings. Errors name the offending token and its position. The text
+    is read in a child process: past ``ATTNBOARD_IMPORT_TIMEOUT_S`` the import answers 422 ``import_timeout``."""
+    return interop.import_isolated(request.app.state.imports, text=body.text, format=body.format)

@@ -7,12 +7,14 @@ parser against alias bombs and runaway nesting before the text reaches it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from app.errors import AppError
+from app.services.isolation import IsolatedCalls
 from worker.attention.preview import preview
 from worker.core.environment import PROFILES, Environment, InvalidEnvironment, UnknownProfileError, environment_from
 from worker.interop import verl
@@ -125,6 +127,12 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
         check_yaml_safety(text)
     try:
         result = verl.import_yaml(text) if fmt == "yaml" else verl.import_command(text)
+    except yaml.MarkedYAMLError as exc:  # a tag no safe loader constructs (!foo, !!python/object/apply:...)
+        raise AppError(422, "invalid_yaml", f"text: YAML at {_yaml_position(exc.problem_mark)} cannot be read: "
+                       f"{exc.problem}", field="text", value=_line_at(text, exc.problem_mark),
+                       valid="plain YAML (mappings, lists, strings, numbers, booleans; no tags)") from None
+    except yaml.YAMLError as exc:
+        raise AppError(422, "invalid_yaml", f"text: invalid YAML: {exc}", field="text", valid=IMPORT_VALID) from None
     except verl.VerlImportError as exc:
         spec_issues = [_plain(i) for i in exc.issues]
         field = spec_issues[0]["field"] if spec_issues and isinstance(spec_issues[0], dict) else "text"
@@ -143,6 +151,29 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
     return {"format": fmt, "spec": tree, "warnings": _plain(result.warnings),
             "overrides": _plain(getattr(result, "overrides", None)),
             PASSTHROUGH: _plain(spec.verl_passthrough), "passthrough_note": PASSTHROUGH_NOTE}
+
+
+IMPORT_TIMEOUT_CODE = "import_timeout"
+
+
+def import_timeout_error(timeout_s: float) -> Callable[[float], AppError]:
+    """The 422 an import that overran ``ATTNBOARD_IMPORT_TIMEOUT_S`` answers (it ran in a child, now killed)."""
+    def error(elapsed: float) -> AppError:
+        return AppError(422, IMPORT_TIMEOUT_CODE, f"text: reading the script took more than {timeout_s:g} s and was "
+                        f"stopped (a pattern or loop that does not finish?); simplify the script or paste the "
+                        f"verl command line alone", field="text", value=f"stopped after {elapsed:.1f} s",
+                        valid=f"a script read within ATTNBOARD_IMPORT_TIMEOUT_S={timeout_s:g} s")
+    return error
+
+
+def import_isolated(calls: IsolatedCalls, *, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
+    """``import_text`` in a child process with the app's wall clock (``app.services.isolation``)."""
+    return calls.call(__name__, "import_text", text=text, format=format)
+
+
+def import_calls(timeout_s: float) -> IsolatedCalls:
+    """The app's pool of import children (made by the app factory, closed at shutdown)."""
+    return IsolatedCalls(timeout_s=timeout_s, preload=(__name__,), on_timeout=import_timeout_error(timeout_s))
 
 
 # --------------------------------------------------------------------------------------------
