@@ -132,6 +132,20 @@ class Settings(BaseSettings):
         "import_timeout; the server keeps answering meanwhile.",
     )
 
+    ALLOWED_HOSTS: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names the server answers to, separated by ',' (* any, *.example.com its subdomains); "
+        "other Host headers get 400, so a page on another domain rebound to this address reads nothing. Empty "
+        "means the loopback names, this machine's names and the address a connection reached.",
+    )
+
+    @field_validator("ALLOWED_HOSTS", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
     @field_validator("DATABASE_URL")
     @classmethod
     def _check_url(cls, value: str) -> str:
