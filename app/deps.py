@@ -27,6 +27,7 @@ from app.services.auth import (
     presents_credentials,
     require_scope,
 )
+from app.services.common import ROOTS
 from app.services.launcher import Launcher
 from app.services.reads import Reader
 
@@ -37,6 +38,7 @@ async def get_settings(request: Request) -> Settings:
 
 def get_session(request: Request) -> Iterator[Session]:
     with Session(request.app.state.engine, expire_on_commit=False) as session:
+        session.info[ROOTS] = request.app.state.settings.roots  # each run made in this request checks its paths
         yield session
 
 

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from worker.spec.confine import Roots
+
 ENV_PREFIX = "ATTNBOARD_"
 SECRET_KEY_FILE = "secret_key"
 _RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")
@@ -110,6 +112,12 @@ class Settings(BaseSettings):
         description="Folders local Hugging Face models may be loaded from, separated by ':' (or a JSON list); "
         "each must exist. Empty allows only the built-in models.",
     )
+    DATA_ROOTS: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Folders data files (data.train_files) may be read from, separated by ':' (or a JSON list); "
+        "each must exist. Empty allows only the built-in tasks. A path outside them is refused at submit (422 "
+        "naming the key), the same whether or not it exists.",
+    )
     CHECKPOINT_DIR: str = Field(
         "",
         description="Folder of the runs' artefacts: run N's relative trainer.default_local_dir (its checkpoints) "
@@ -159,7 +167,7 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} is not a Ray address; valid: empty (local Ray), auto, HOST:PORT or ray://HOST:PORT")
         return value
 
-    @field_validator("MODEL_ROOTS", mode="before")
+    @field_validator("MODEL_ROOTS", "DATA_ROOTS", mode="before")
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -174,14 +182,15 @@ class Settings(BaseSettings):
             return [part for part in text.split(os.pathsep) if part]
         return value
 
-    @field_validator("MODEL_ROOTS")
+    @field_validator("MODEL_ROOTS", "DATA_ROOTS")
     @classmethod
-    def _roots_exist(cls, value: list[Path]) -> list[Path]:
+    def _roots_exist(cls, value: list[Path], info: Any) -> list[Path]:
         roots = []
         for root in value:
             resolved = root.expanduser().resolve()
             if not resolved.is_dir():
-                raise ValueError(f"model root {str(root)!r} is not an existing folder")
+                what = "model" if info.field_name == "MODEL_ROOTS" else "data"
+                raise ValueError(f"{what} root {str(root)!r} is not an existing folder")
             roots.append(resolved)
         return roots
 
@@ -199,6 +208,11 @@ class Settings(BaseSettings):
         engine runs in other processes with other working folders."""
         chosen = Path(self.CHECKPOINT_DIR).expanduser() if self.CHECKPOINT_DIR else self.DATA_DIR / "runs"
         return chosen.resolve()
+
+    @property
+    def roots(self) -> Roots:
+        """The folders a submitted spec's paths must lie in (``worker.spec.confine``)."""
+        return Roots(models=tuple(self.MODEL_ROOTS), data=tuple(self.DATA_ROOTS), checkpoints=self.checkpoint_root)
 
     @field_validator("SECRET_KEY")
     @classmethod

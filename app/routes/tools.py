@@ -39,7 +39,7 @@ def resolve(body: ResolveRequest, settings: SettingsDep) -> dict[str, Any]:
     """Per role: requested, source, effective, status and reasons, on the given environment; and every
     issue a launch would refuse (Ulysses sizes against the model's heads when its folder is readable)."""
     return interop.resolve_preview(spec=body.spec, environment=body.environment,
-                                   model_roots=list(settings.MODEL_ROOTS))
+                                   model_roots=list(settings.MODEL_ROOTS), roots=settings.roots)
 
 
 @router.post("/import", dependencies=[Depends(require_token)])

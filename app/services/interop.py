@@ -20,6 +20,7 @@ from worker.core.environment import PROFILES, Environment, InvalidEnvironment, U
 from worker.interop import verl
 from worker.interop.specfile import detect_format
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec, spec_to_tree
+from worker.spec.confine import Roots, path_issues
 
 ImportFormat = Literal["cli", "yaml", "auto"]
 ExportFormat = Literal["cli", "yaml"]
@@ -49,17 +50,19 @@ def environment_of(value: str | dict[str, Any], *, field: str = "environment") -
 
 
 def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any],
-                    model_roots: list[Path] | None = None) -> dict[str, Any]:
+                    model_roots: list[Path] | None = None, roots: Roots | None = None) -> dict[str, Any]:
     """Per-role resolution of ``spec`` on ``environment`` plus every issue a launch would refuse
     (``worker.attention.preview.preview``, the function ``attnboard resolve`` runs): the model's head counts are
-    read from its config.json when it lies in ``model_roots``."""
+    read from its config.json when it lies in ``model_roots``; paths outside ``roots`` (the app's
+    ``Settings.roots``) are issues, as ``POST /api/runs`` refuses them."""
     env = environment_of(environment)
     try:
         run_spec = parse_spec(spec)
     except SpecError as exc:
         raise AppError.from_spec_error(exc) from None
     result = preview(run_spec, env, model_roots=list(model_roots or []))
-    return {"resolution": result.resolution.to_dict(), "issues": issue_dicts(result.issues),
+    confined = path_issues(run_spec, roots or Roots(models=tuple(model_roots or ())))
+    return {"resolution": result.resolution.to_dict(), "issues": issue_dicts(confined + result.issues),
             PASSTHROUGH: run_spec.verl_passthrough, "passthrough_note": PASSTHROUGH_NOTE}
 
 

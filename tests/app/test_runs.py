@@ -3,6 +3,7 @@ pagination, cancel with and without a launcher, retry with a patch, clone, expor
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -160,3 +161,48 @@ def test_run_export(client, write_headers, fmt):
     run = make_run(client, write_headers)
     body = client.get(f"/api/runs/{run['id']}/export", params={"format": fmt}).json()
     assert body["format"] == fmt and "builtin:tiny-llama" in body["text"]
+
+
+@pytest.mark.parametrize("key,value", [
+    ("data.train_files", "/etc/shadow"),
+    ("data.train_files", "/proc/self/environ"),
+    ("data.train_files", "../../../../etc/passwd"),
+    ("actor_rollout_ref.model.path", "/etc"),
+    ("trainer.default_local_dir", "../7/checkpoints"),
+    ("trainer.default_local_dir", "/tmp/anywhere"),
+])
+def test_paths_outside_the_allowed_folders_are_refused_at_submit(client, write_headers, key, value):
+    """POST /api/runs and /api/resolve name the key; nothing is stored; a missing and an existing file outside
+    the roots read the same (no existence oracle)."""
+    before = client.get("/api/runs").json()["total"]
+    resp = client.post("/api/runs", json={"spec": tiny_spec(**{key: value})}, headers=write_headers)
+    assert resp.status_code == 422 and resp.json()["error"]["field"] == f"spec.{key}", resp.text
+    assert client.get("/api/runs").json()["total"] == before
+    resolved = client.post("/api/resolve", json={"spec": tiny_spec(**{key: value})}, headers=write_headers).json()
+    assert f"spec.{key}" in [i["field"] for i in resolved["issues"] if i["severity"] == "error"]
+
+
+def test_no_existence_oracle_at_submit(client, write_headers, tmp_path):
+    present = tmp_path / "train.parquet"
+    present.write_bytes(b"PAR1 not for you")
+    answers = []
+    for path in (present, tmp_path / "absent.parquet"):
+        error = client.post("/api/runs", json={"spec": tiny_spec(**{"data.train_files": str(path)})},
+                            headers=write_headers).json()["error"]
+        answers.append(json.dumps(error).replace(str(path), "PATH"))
+        assert "not for you" not in answers[-1]
+    assert answers[0] == answers[1]
+
+
+def test_a_data_file_inside_the_data_roots_is_accepted(make_client, session, tmp_path):
+    from tests.conftest import _token_headers
+
+    (tmp_path / "files").mkdir()
+    client = make_client(DATA_ROOTS=str(tmp_path / "files"))
+    headers = _token_headers(session, ["read", "write"])
+    inside_spec = tiny_spec(**{"data.train_files": str(tmp_path / "files" / "t.parquet")})
+    inside = client.post("/api/runs", json={"spec": inside_spec}, headers=headers)
+    assert inside.status_code == 201, inside.text
+    outside = client.post("/api/runs", json={"spec": tiny_spec(**{"data.train_files": str(tmp_path / "t.parquet")})},
+                          headers=headers)
+    assert outside.status_code == 422 and outside.json()["error"]["valid"].endswith(f"({tmp_path / 'files'})")
