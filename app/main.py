@@ -20,7 +20,7 @@ from sqlmodel import Session, col, select
 from app.core.config import Settings, database_identity, get_settings
 from app.db import make_engine, run_migrations
 from app.errors import ERROR_RESPONSES, install_error_handlers
-from app.middleware import BodySizeLimit, NoNulInQuery, TrustedHosts, default_allowed_hosts
+from app.middleware import BodySizeLimit, DocsReadRule, LoginThrottle, NoNulInQuery, TrustedHosts, default_allowed_hosts
 from app.models import Run
 from app.routes import health, pages, runs, specs, tokens, tools, trials, troubleshooting
 from app.services import trials as trials_service
@@ -81,6 +81,8 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.MAX_BODY_BYTES)
     app.add_middleware(NoNulInQuery)
+    app.add_middleware(LoginThrottle)
+    app.add_middleware(DocsReadRule)
     app.add_middleware(TrustedHosts, allowed=settings.ALLOWED_HOSTS or default_allowed_hosts())  # runs first
     install_error_handlers(app)
     for router in API_ROUTERS:

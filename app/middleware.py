@@ -4,6 +4,8 @@ both in the API's error shape."""
 from __future__ import annotations
 
 import socket
+import time
+from collections import OrderedDict, deque
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -154,5 +156,104 @@ class NoNulInQuery:
                 error = AppError(422, "invalid_request", f"{name}: a NUL character (%00) is not valid in a query "
                                  "parameter", field=name, value="\\0", valid="text without NUL characters")
                 await JSONResponse(error.body(), status_code=422)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class FailureWindow:
+    """Failed attempts per key (a client address) in a sliding window of ``window_s`` seconds: past ``limit`` the
+    key waits until its oldest failure leaves the window. Pure over the times it is given; at most ``max_keys``
+    keys are kept (the least recently failing go first), so a flood of addresses costs bounded memory."""
+
+    def __init__(self, *, limit: int, window_s: float, max_keys: int = 10_000):
+        self.limit, self.window_s, self.max_keys = limit, window_s, max_keys
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, key: str, now: float) -> deque[float] | None:
+        times = self._failures.get(key)
+        if times is None:
+            return None
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        if not times:
+            del self._failures[key]
+            return None
+        return times
+
+    def retry_after(self, key: str, now: float) -> float | None:
+        """Seconds ``key`` must wait before its next attempt, or None when it may try now."""
+        times = self._recent(key, now)
+        if times is None or len(times) < self.limit:
+            return None
+        return times[0] + self.window_s - now
+
+    def fail(self, key: str, now: float) -> None:
+        times = self._recent(key, now)
+        if times is None:
+            times = self._failures[key] = deque()
+        times.append(now)
+        self._failures.move_to_end(key)
+        while len(self._failures) > self.max_keys:
+            self._failures.popitem(last=False)
+
+
+LOGIN_PATH = "/login"
+LOGIN_FAILURES = 10
+LOGIN_WINDOW_S = 300.0
+
+
+class LoginThrottle:
+    """Failed sign-ins (``POST /login`` answered 401) are counted per client address: past ``LOGIN_FAILURES``
+    in ``LOGIN_WINDOW_S`` seconds, further attempts answer 429 with Retry-After until the oldest leaves the
+    window (behind a proxy with ``--proxy-headers`` the address is the forwarded one)."""
+
+    def __init__(self, app: ASGIApp, *, limit: int = LOGIN_FAILURES, window_s: float = LOGIN_WINDOW_S):
+        self.app = app
+        self.window = FailureWindow(limit=limit, window_s=window_s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") != LOGIN_PATH:
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        key = client[0] if client else "?"
+        wait = self.window.retry_after(key, time.monotonic())
+        if wait is not None:
+            seconds = max(1, int(wait + 0.999))
+            error = AppError(429, "too_many_sign_ins", f"{self.window.limit} failed sign-ins from {key} in "
+                             f"{self.window.window_s:g} s; try again in {seconds} s", field="token",
+                             valid=f"at most {self.window.limit} failed sign-ins per {self.window.window_s:g} s",
+                             headers={"Retry-After": str(seconds)})
+            await JSONResponse(error.body(), status_code=429, headers=error.headers)(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                self.window.fail(key, time.monotonic())
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+
+
+class DocsReadRule:
+    """The API's documentation (``/docs``, ``/redoc``, ``/openapi.json``) follows the read rule: with
+    ``ATTNBOARD_REQUIRE_TOKEN_FOR_READS`` it needs a read token or a signed-in browser, like every GET."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in DOC_PATHS:
+            from starlette.requests import Request
+
+            from app.deps import require_read
+
+            try:
+                await require_read(Request(scope, receive))
+            except AppError as error:
+                await JSONResponse(error.body(), status_code=error.status, headers=error.headers)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

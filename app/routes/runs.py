@@ -12,6 +12,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 
 from app.deps import (
     LauncherDep,
+    ReadAccess,
     SessionDep,
     SettingsDep,
     reader_of,
@@ -38,6 +39,7 @@ from app.models import (
 from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset, Timestamp
 from app.services import checkpoints, events, interop, pump, reads, runs
 from app.services.events import MAX_EVENTS_PAGE
+from app.services.redact import checkpoints_for
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], lifespan=serving_lifespan)
 Read, Write = [Depends(require_read)], [Depends(require_write)]
@@ -166,11 +168,12 @@ def resume_run(session: SessionDep, settings: SettingsDep, launcher: LauncherDep
                                                            patch=body.patch, name=body.name, launcher=launcher))
 
 
-@router.get("/{run_id}/checkpoints", response_model=CheckpointsPublic, dependencies=Read)
-def list_checkpoints(session: SessionDep, settings: SettingsDep, run_id: RunId) -> CheckpointsPublic:
+@router.get("/{run_id}/checkpoints", response_model=CheckpointsPublic)
+def list_checkpoints(session: SessionDep, settings: SettingsDep, reader: ReadAccess, run_id: RunId) -> CheckpointsPublic:
     """The run's complete checkpoints, oldest first (step, size, time, path, roles), and the folders skipped
-    as incomplete (an interrupted write) with why."""
-    return checkpoints.run_checkpoints(runs.get_run(session, run_id=run_id), settings.checkpoint_root)
+    as incomplete (an interrupted write) with why; anonymous readers get paths relative to the checkpoint root."""
+    listing = checkpoints.run_checkpoints(runs.get_run(session, run_id=run_id), settings.checkpoint_root)
+    return checkpoints_for(reader, listing, settings.checkpoint_root)
 
 
 @router.get("/{run_id}/export", dependencies=Read)

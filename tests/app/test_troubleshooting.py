@@ -5,6 +5,8 @@ engine is in ``test_troubleshooting_engine.py``."""
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 import pytest
@@ -350,3 +352,18 @@ def test_fast_path_button_on_the_page(client, session, write_headers):
     page = soup(client.get("/troubleshooting").text)
     buttons = page.select("form.retry-fast-path button")
     assert len(buttons) == 2 and all(b.get_text() == "Return to flash_attention_2" for b in buttons)
+
+
+def test_tracebacks_and_absolute_paths_only_to_signed_in_readers(client, write_headers, read_headers):
+    run = make_run(client, write_headers)
+    trace = ('Traceback (most recent call last):\n  File "/srv/attnboard/worker/engine/models.py", line 3, in load\n'
+             "OSError: /srv/models/qwen/config.json is unreadable")
+    post_events(client, write_headers, run["id"], [("status", {"status": "starting"}),
+                                                   ("error", {"message": "OSError: unreadable", "traceback": trace})])
+    anonymous = entries(client, run_id=run["id"])["data"][0]
+    assert anonymous["error"] == "OSError: .../config.json is unreadable"
+    assert "/srv" not in json.dumps(anonymous)
+    signed = client.get("/api/troubleshooting", params={"run_id": run["id"]}, headers=read_headers).json()["data"][0]
+    assert signed["error"] == trace
+    page = client.get(f"/troubleshooting/{anonymous['id']}").text
+    assert "/srv/attnboard" not in page
