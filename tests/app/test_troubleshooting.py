@@ -6,7 +6,6 @@ engine is in ``test_troubleshooting_engine.py``."""
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 import pytest
