@@ -1,0 +1,87 @@
+"""The new-run page: the form, its preview fragment, verl import and export, and the launch."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from app.deps import CSRF, PageUser, SessionDep, get_launcher, require_page_write
+from app.models import RunCreate
+from app.services import runs as runs_service
+from app.services.probes import latest_node_probe
+from app.views.new_run import FormState, multi, starting_spec
+from app.web import add_security_headers, page_context, redirect, render
+from worker.interop.specfile import detect_format
+from worker.interop.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
+from worker.spec import Issue
+
+router = APIRouter(tags=["pages"], include_in_schema=False)
+
+
+@router.get("/runs/new")
+def new_run(request: Request, _: PageUser, session: SessionDep) -> Response:
+    state = FormState(spec=starting_spec(), probe=latest_node_probe(session))
+    return render(request, "run_new.html", {**page_context(request), **state.context()})
+
+
+@router.post("/runs/preview", dependencies=CSRF)
+async def preview(request: Request, _: PageUser, session: SessionDep) -> Response:
+    form = multi(await request.form())
+    state = FormState(form, probe=await run_in_threadpool(latest_node_probe, session))
+    return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview")
+
+
+@router.post("/runs/import", dependencies=CSRF)
+async def import_verl(request: Request, _: PageUser) -> Response:
+    form = multi(await request.form())
+    text = (form.get("verl_text") or [""])[-1]
+    importer = import_yaml if detect_format(text) == "yaml" else import_command
+    try:
+        result = importer(text)
+    except VerlImportError as exc:
+        state = FormState(spec=starting_spec())
+        issues = list(exc.issues) or [Issue("verl_text", exc.token, str(exc))]
+        state.errors = {"(import)": issues}
+        return render(request, "run_new.html",
+                      {**page_context(request), **state.context(verl_text=text, import_open=True)},
+                      block="form_area", status_code=422)
+    state = FormState(spec=result.spec)
+    notes = [f"{len(result.overrides)} setting{'s' if len(result.overrides) != 1 else ''} imported", *result.warnings]
+    return render(request, "run_new.html",
+                  {**page_context(request), **state.context(verl_text=text, import_notes=notes, import_open=True)},
+                  block="form_area")
+
+
+@router.get("/runs/export/command")
+def export_form_command(request: Request, _: PageUser, session: SessionDep) -> Response:
+    state = FormState(multi(request.query_params), probe=latest_node_probe(session))
+    if state.spec is None or state.errors:
+        return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview",
+                      status_code=422)
+    return render(request, "run_new.html", {**page_context(request), **state.context(export=export_command(state.spec))},
+                  block="export")
+
+
+@router.get("/runs/export.yaml")
+def export_form_yaml(request: Request, _: PageUser, session: SessionDep) -> Response:
+    state = FormState(multi(request.query_params), probe=latest_node_probe(session))
+    if state.spec is None or state.errors:
+        return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
+    result = export_yaml(state.spec)
+    filename = "".join(c if c.isalnum() or c in "-_" else "-" for c in (state.name or "run")) + ".yaml"
+    return add_security_headers(Response(result.text, media_type="application/yaml",
+                                         headers={"Content-Disposition": f'attachment; filename="{filename}"'}))
+
+
+@router.post("/runs", dependencies=CSRF)
+async def launch(request: Request, principal: PageUser, session: SessionDep) -> Response:
+    require_page_write(principal)
+    form = multi(await request.form())
+    state = FormState(form, probe=await run_in_threadpool(latest_node_probe, session))
+    if state.spec is None or state.errors:
+        return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
+    data = RunCreate(name=state.name or state.spec.trainer.experiment_name or None,
+                     spec=state.spec.model_dump(mode="json"), environment=state.environment)
+    run = await run_in_threadpool(runs_service.create_run, session, data=data, launcher=get_launcher(request))
+    return redirect(f"/runs/{run.id}")
