@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
@@ -87,7 +88,13 @@ async def _launcher(request: Request) -> Launcher | None:
     return get_launcher(request)
 
 
+async def get_model_roots(request: Request) -> list[Path]:
+    """The folders a model path may name (``ATTNBOARD_MODEL_ROOTS``): the preview reads head counts there."""
+    return list(request.app.state.settings.MODEL_ROOTS)
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+ModelRoots = Annotated[list[Path], Depends(get_model_roots)]
 SessionDep = Annotated[Session, Depends(get_session)]
 LauncherDep = Annotated[Launcher | None, Depends(_launcher)]
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import CSRF, PageUser, SessionDep, get_launcher, require_page_write
+from app.deps import CSRF, ModelRoots, PageUser, SessionDep, get_launcher, require_page_write
 from app.models import RunCreate
 from app.services import runs as runs_service
 from app.services.probes import latest_node_probe
@@ -19,34 +22,38 @@ from worker.spec import Issue
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
 
+async def _form_state(form: dict[str, list[str]], roots: list[Path], session: Session) -> FormState:
+    """The posted form's state, off the event loop: the probe is a query, the preview reads config.json."""
+    return await run_in_threadpool(lambda: FormState(form, model_roots=roots, probe=latest_node_probe(session)))
+
+
 @router.get("/runs/new")
-def new_run(request: Request, _: PageUser, session: SessionDep) -> Response:
-    state = FormState(spec=starting_spec(), probe=latest_node_probe(session))
+def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+    state = FormState(spec=starting_spec(), model_roots=roots, probe=latest_node_probe(session))
     return render(request, "run_new.html", {**page_context(request), **state.context()})
 
 
 @router.post("/runs/preview", dependencies=CSRF)
-async def preview(request: Request, _: PageUser, session: SessionDep) -> Response:
-    form = multi(await request.form())
-    state = FormState(form, probe=await run_in_threadpool(latest_node_probe, session))
+async def preview(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+    state = await _form_state(multi(await request.form()), roots, session)
     return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview")
 
 
 @router.post("/runs/import", dependencies=CSRF)
-async def import_verl(request: Request, _: PageUser) -> Response:
+async def import_verl(request: Request, _: PageUser, roots: ModelRoots) -> Response:
     form = multi(await request.form())
     text = (form.get("verl_text") or [""])[-1]
     importer = import_yaml if detect_format(text) == "yaml" else import_command
     try:
         result = importer(text)
     except VerlImportError as exc:
-        state = FormState(spec=starting_spec())
+        state = FormState(spec=starting_spec(), model_roots=roots)
         issues = list(exc.issues) or [Issue("verl_text", exc.token, str(exc))]
         state.errors = {"(import)": issues}
         return render(request, "run_new.html",
                       {**page_context(request), **state.context(verl_text=text, import_open=True)},
                       block="form_area", status_code=422)
-    state = FormState(spec=result.spec)
+    state = FormState(spec=result.spec, model_roots=roots)
     notes = [f"{len(result.overrides)} setting{'s' if len(result.overrides) != 1 else ''} imported", *result.warnings]
     return render(request, "run_new.html",
                   {**page_context(request), **state.context(verl_text=text, import_notes=notes, import_open=True)},
@@ -54,8 +61,8 @@ async def import_verl(request: Request, _: PageUser) -> Response:
 
 
 @router.get("/runs/export/command")
-def export_form_command(request: Request, _: PageUser, session: SessionDep) -> Response:
-    state = FormState(multi(request.query_params), probe=latest_node_probe(session))
+def export_form_command(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+    state = FormState(multi(request.query_params), model_roots=roots, probe=latest_node_probe(session))
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview",
                       status_code=422)
@@ -64,8 +71,8 @@ def export_form_command(request: Request, _: PageUser, session: SessionDep) -> R
 
 
 @router.get("/runs/export.yaml")
-def export_form_yaml(request: Request, _: PageUser, session: SessionDep) -> Response:
-    state = FormState(multi(request.query_params), probe=latest_node_probe(session))
+def export_form_yaml(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+    state = FormState(multi(request.query_params), model_roots=roots, probe=latest_node_probe(session))
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
     result = export_yaml(state.spec)
@@ -75,10 +82,9 @@ def export_form_yaml(request: Request, _: PageUser, session: SessionDep) -> Resp
 
 
 @router.post("/runs", dependencies=CSRF)
-async def launch(request: Request, principal: PageUser, session: SessionDep) -> Response:
+async def launch(request: Request, principal: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
     require_page_write(principal)
-    form = multi(await request.form())
-    state = FormState(form, probe=await run_in_threadpool(latest_node_probe, session))
+    state = await _form_state(multi(await request.form()), roots, session)
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
     data = RunCreate(name=state.name or state.spec.trainer.experiment_name or None,

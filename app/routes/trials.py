@@ -15,7 +15,17 @@ from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import CSRF, CurrentPrincipal, PageUser, Read, SessionDep, TrialStarter, Write, require_page_write
+from app.deps import (
+    CSRF,
+    CurrentPrincipal,
+    ModelRoots,
+    PageUser,
+    Read,
+    SessionDep,
+    TrialStarter,
+    Write,
+    require_page_write,
+)
 from app.errors import AppError
 from app.models import INT32_MAX
 from app.models_troubleshooting import MAX_TRIAL_STEPS, TrialCreate, TrialPublic, TrialsPublic, TrialStatus
@@ -85,11 +95,12 @@ def trial_page(request: Request, trial_id: int, _: PageUser, session: SessionDep
 
 
 @pages.post("/trials/from-form", dependencies=CSRF)
-async def trial_from_form(request: Request, principal: PageUser, session: SessionDep, start: TrialStarter) -> Response:
+async def trial_from_form(request: Request, principal: PageUser, session: SessionDep, start: TrialStarter,
+                          roots: ModelRoots) -> Response:
     """The new-run form's second button: the same fields, run as a trial of the fallback chain's implementations."""
     require_page_write(principal)
     form = multi(await request.form())
-    state = FormState(form)
+    state = FormState(form, model_roots=roots)
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
     steps_text = (form.get("trial_steps") or ["3"])[-1]

@@ -3,6 +3,7 @@ input and the preview; and where a new form starts. Built from the form data by 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from starlette.datastructures import FormData, QueryParams
@@ -17,9 +18,10 @@ from app.views.run_form import (
     issues_by_field,
     spec_to_form_values,
 )
-from worker.attention.resolution import Resolution, resolve
+from worker.attention.preview import preview
+from worker.attention.resolution import Resolution
 from worker.core.environment import PROFILES, Environment
-from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, check_spec, parse_spec
+from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec
 
 DEFAULT_ENV = "cpu"
 PROBE_ENV = "probe"
@@ -48,12 +50,18 @@ def _environment(name: str, probe: NodeProbe | None = None) -> Environment:
 class FormState:
     """What the form page shows: values, the spec if it parsed, issues per input, the preview.
 
-    ``probe``: the newest probe of a worker node (``NodeProbe``), offered as the ``probe`` environment."""
+    The preview is ``worker.attention.preview.preview``, the function ``POST /api/resolve`` and
+    ``attnboard resolve`` run, with the same model information: the head counts of a model folder inside
+    ``model_roots`` (``ATTNBOARD_MODEL_ROOTS``). Its errors are the form's, beside their inputs; the
+    resolution is shown whenever the spec parsed on a known environment, so a launch's refusal and what
+    would run are on the page together. ``probe``: the newest probe of a worker node (``NodeProbe``),
+    offered as the ``probe`` environment."""
 
-    def __init__(self, form: dict[str, list[str]] | None = None, *, spec: RunSpec | None = None,
-                 probe: NodeProbe | None = None):
+    def __init__(self, form: dict[str, list[str]] | None = None, *, model_roots: list[Path],
+                 spec: RunSpec | None = None, probe: NodeProbe | None = None):
         self.errors: dict[str, list[Issue]] = {}
         self.warnings: list[Issue] = []
+        self.resolution: Resolution | None = None
         self.spec: RunSpec | None = spec
         self.name = ""
         self.env_name = DEFAULT_ENV
@@ -71,21 +79,14 @@ class FormState:
                     if self.env_name == PROBE_ENV else ""
                 self.errors.setdefault("env", []).append(
                     Issue("env", self.env_name, f"unknown environment {self.env_name!r}{why}; valid: {', '.join(valid)}"))
-        if self.spec is not None:
-            for issue in check_spec(self.spec):
-                if issue.severity == "error":
-                    for key, found in issues_by_field([issue]).items():
-                        self.errors.setdefault(key, []).extend(found)
-                else:
-                    self.warnings.append(issue)
+        if self.spec is not None and "env" not in self.errors:
+            shown = preview(self.spec, _environment(self.env_name, self.probe), model_roots=model_roots)
+            self.resolution = shown.resolution
+            for key, found in issues_by_field(shown.errors).items():
+                self.errors.setdefault(key, []).extend(found)
+            self.warnings = [i for i in shown.issues if i.severity != "error"]
         self.values = spec_to_form_values(self.spec) if self.spec is not None and not self.errors else \
             _raw_values(form or {})
-
-    @property
-    def resolution(self) -> Resolution | None:
-        if self.spec is None or self.errors:
-            return None
-        return resolve(self.spec, _environment(self.env_name, self.probe))
 
     @property
     def environment(self) -> str | dict[str, Any]:
