@@ -10,14 +10,14 @@ from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import CSRF, ModelRoots, PageUser, SessionDep, get_launcher, require_page_write
+from app.errors import AppError
 from app.models import RunCreate
+from app.services import interop
 from app.services import runs as runs_service
 from app.services.probes import latest_node_probe
 from app.views.new_run import FormState, multi, starting_spec
 from app.web import add_security_headers, page_context, redirect, render
-from worker.interop.specfile import detect_format
-from worker.interop.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
-from worker.spec import Issue
+from worker.interop.verl import export_command, export_yaml
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -43,17 +43,17 @@ async def preview(request: Request, _: PageUser, session: SessionDep, roots: Mod
 async def import_verl(request: Request, _: PageUser, roots: ModelRoots) -> Response:
     form = multi(await request.form())
     text = (form.get("verl_text") or [""])[-1]
-    importer = import_yaml if detect_format(text) == "yaml" else import_command
-    try:
-        result = importer(text)
-    except VerlImportError as exc:
+    try:  # the API's import (POST /api/import): its size and YAML guards, its errors
+        _, result = await run_in_threadpool(lambda: interop.import_spec(text=text))
+    except AppError as exc:
         state = FormState(spec=starting_spec(), model_roots=roots)
-        issues = list(exc.issues) or [Issue("verl_text", exc.token, str(exc))]
-        state.errors = {"(import)": issues}
+        issues = exc.issues or [{"field": exc.field, "message": exc.message}]
+        state.errors = {"(import)": [{**i, "field": "verl_text" if i.get("field") == "text" else i.get("field")}
+                                     for i in issues]}
         return render(request, "run_new.html",
                       {**page_context(request), **state.context(verl_text=text, import_open=True)},
                       block="form_area", status_code=422)
-    state = FormState(spec=result.spec, model_roots=roots)
+    state = await run_in_threadpool(lambda: FormState(spec=result.spec, model_roots=roots))
     notes = [f"{len(result.overrides)} setting{'s' if len(result.overrides) != 1 else ''} imported", *result.warnings]
     return render(request, "run_new.html",
                   {**page_context(request), **state.context(verl_text=text, import_notes=notes, import_open=True)},

@@ -16,6 +16,7 @@ from tests.app.pages_support import (
     soup,
     stored_run,
 )
+from worker.interop.verl import MAX_INPUT_BYTES
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -226,3 +227,22 @@ def test_a_launch_refuses_what_the_engine_does_not_run(client, write_headers):
     saved = client.post("/api/specs", json={"name": "rloo", "spec": spec}, headers=write_headers)
     assert saved.status_code == 201  # a spec may hold it (preview, import and export accept it)
 
+
+
+@pytest.mark.parametrize("text,code_words", [
+    ("a: &a [1, 2]\n" + "".join(f"l{i}: &l{i} [*{'a' if i == 0 else f'l{i - 1}'}, *{'a' if i == 0 else f'l{i - 1}'}]\n"
+                                for i in range(20)), "more than"),  # an alias bomb
+    ("trainer.project_name=" + "x" * MAX_INPUT_BYTES, "too long"),
+    ("   ", "nothing to import"),
+])
+def test_the_forms_import_goes_through_the_apis_guard(client, read_headers, text, code_words):
+    """The form's import and POST /api/import refuse the same texts, with the same message."""
+    page = client.get("/runs/new").text
+    resp = client.post("/runs/import", data={"verl_text": text, "csrf_token": csrf_of(page)})
+    assert resp.status_code == 422
+    shown = soup(resp.text).select_one("#import-errors").get_text(" ", strip=True)
+    api = client.post("/api/import", json={"text": text}, headers=read_headers)
+    assert api.status_code == 422
+    message = api.json()["error"]["message"]
+    assert code_words in message
+    assert message.removeprefix("text: ") in shown
