@@ -47,7 +47,7 @@ async def import_verl(request: Request, _: PageUser, roots: ModelRoots) -> Respo
         _, result = await run_in_threadpool(lambda: interop.import_spec(text=text))
     except AppError as exc:
         state = FormState(spec=starting_spec(), model_roots=roots)
-        issues = exc.issues or [{"field": exc.field, "message": exc.message}]
+        issues = exc.issues or [{"field": exc.field, "message": exc.message.removeprefix(f"{exc.field}: ")}]
         state.errors = {"(import)": [{**i, "field": "verl_text" if i.get("field") == "text" else i.get("field")}
                                      for i in issues]}
         return render(request, "run_new.html",
