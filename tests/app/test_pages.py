@@ -484,11 +484,14 @@ def test_imported_pass_through_keys_are_shown_launched_and_listed(client, sessio
 
 
 def test_a_launch_refuses_what_the_engine_does_not_run(client, write_headers):
-    spec = {"algorithm.adv_estimator": "rloo", "actor_rollout_ref.rollout.n": 2}
+    from worker.ppo.advantage import names
+
+    spec = {"algorithm.adv_estimator": "gdpo", "actor_rollout_ref.rollout.n": 2}
     resp = client.post("/api/runs", json={"spec": spec}, headers=write_headers)
     assert resp.status_code == 422
     error = resp.json()["error"]
     assert error["field"] == "spec.algorithm.adv_estimator"
-    assert "attnboard's engine does not run adv_estimator rloo (verl does); it runs gae, grpo" in error["message"]
-    saved = client.post("/api/specs", json={"name": "rloo", "spec": spec}, headers=write_headers)
+    assert (f"attnboard's engine does not run adv_estimator gdpo (verl does); it runs {', '.join(names())}"
+            in error["message"])
+    saved = client.post("/api/specs", json={"name": "gdpo", "spec": spec}, headers=write_headers)
     assert saved.status_code == 201  # a spec may hold it (preview, import and export accept it)

@@ -18,6 +18,7 @@ from worker.engine import compute
 from worker.engine.dispatch import concat_batches
 from worker.engine.group import WorkerGroup
 from worker.ppo import core_algos as ppo_math
+from worker.ppo.advantage import compute_advantage
 from worker.spec import RunSpec
 
 
@@ -119,14 +120,10 @@ class PPOStep:
         batch["values"] = concat_batches(self.group.call("compute_values", batch=_tensors(batch)))["values"]
 
     def advantages(self, batch: dict[str, Any]) -> None:
-        algorithm, mask = self.spec.algorithm, batch["response_mask"].float()
-        if self.spec.has_critic:
-            advantages, returns = ppo_math.compute_gae_advantage_return(
-                batch["token_level_rewards"], batch["values"], mask, algorithm.gamma, algorithm.lam)
-        else:
-            advantages, returns = ppo_math.compute_grpo_outcome_advantage(
-                batch["token_level_rewards"], mask, batch["uid"], norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo)
-        batch["advantages"], batch["returns"] = advantages, returns
+        """advantages, returns: the registered estimator of ``algorithm.adv_estimator`` (``worker.ppo.advantage``)."""
+        algorithm = self.spec.algorithm
+        compute_advantage(batch, algorithm.adv_estimator, gamma=algorithm.gamma, lam=algorithm.lam,
+                          norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
 
     def update_critic(self, batch: dict[str, Any]) -> dict[str, float]:
         arr, critic, rows = self.spec.actor_rollout_ref, self.spec.critic, len(batch["uid"])

@@ -1,0 +1,217 @@
+"""Advantage estimators: one registry keyed by verl's names (``algorithm.adv_estimator``), each entry the
+estimator's function and what it reads; ``compute_advantage`` is the one call the trainer makes (the shape of
+verl 0.9.1's ``ray_trainer.compute_advantage``).
+
+An entry declares what the rest of attnboard needs to know about its estimator:
+- ``critic``: it reads the critic's values, so the run trains a critic (verl's ``need_critic``);
+- ``group``: it compares each sample with the other samples of its prompt (``index``, the prompt's uid),
+  so a launch needs ``actor_rollout_ref.rollout.n >= 2``;
+- ``baseline``: it subtracts the reward of a greedy rollout of the prompt (``reward_baselines``), which the
+  engine generates.
+The spec's checks (which estimators the engine runs, whether a critic runs, the group size) read these
+entries, so adding an estimator is its registered function and its test.
+
+torch is imported inside the estimators, not at the top: the spec and the web process read the registry
+(the launch checks) without loading torch. Shapes as in ``worker.ppo.core_algos``: ``B`` rows (prompt x
+sample), ``T`` response tokens; ``response_mask`` (B, T).
+
+References: GAE (Schulman et al. 2015, arXiv:1506.02438), GRPO (Shao et al. 2024, arXiv:2402.03300).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from worker.core.vocabulary import AdvEstimator
+
+if TYPE_CHECKING:
+    import torch
+
+AdvantageFn = Callable[..., tuple["torch.Tensor", "torch.Tensor"]]
+SETTINGS = ("gamma", "lam", "norm_adv_by_std_in_grpo")
+"""The ``algorithm.*`` settings an estimator may take, passed to those whose signature names them."""
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registry entry: the function, what it reads beyond rewards and mask, and the settings it takes."""
+
+    name: AdvEstimator
+    fn: AdvantageFn
+    critic: bool = False
+    group: bool = False
+    baseline: bool = False
+    settings: tuple[str, ...] = ()
+
+
+ESTIMATORS: dict[AdvEstimator, Estimator] = {}
+
+
+def register_adv_est(name: AdvEstimator | str, *, critic: bool = False, group: bool = False,
+                     baseline: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Register an advantage estimator under ``name`` with what it reads; registering a name twice raises."""
+    key = _adv_key(name)
+
+    def decorator(fn: AdvantageFn) -> AdvantageFn:
+        if key in ESTIMATORS:
+            raise ValueError(f"advantage estimator {key.value!r} is already registered "
+                             f"({ESTIMATORS[key].fn.__qualname__})")
+        settings = tuple(s for s in SETTINGS if s in inspect.signature(fn).parameters)
+        ESTIMATORS[key] = Estimator(key, fn, critic=critic, group=group, baseline=baseline, settings=settings)
+        return fn
+
+    return decorator
+
+
+def estimator(name: AdvEstimator | str) -> Estimator:
+    """The entry registered under ``name``; an unknown or unimplemented name lists the registered ones."""
+    key = _adv_key(name)
+    if key not in ESTIMATORS:
+        raise ValueError(f"algorithm.adv_estimator {key.value!r} has no implementation; valid: {', '.join(names())}")
+    return ESTIMATORS[key]
+
+
+def get_adv_estimator_fn(name: AdvEstimator | str) -> AdvantageFn:
+    """The estimator function registered under ``name`` (verl's name for the lookup)."""
+    return estimator(name).fn
+
+
+def names() -> list[str]:
+    """The estimators attnboard's engine runs, sorted."""
+    return sorted(k.value for k in ESTIMATORS)
+
+
+def _adv_key(name: AdvEstimator | str) -> AdvEstimator:
+    try:
+        return AdvEstimator(name)
+    except ValueError:
+        raise ValueError(f"algorithm.adv_estimator {name!r} is unknown; "
+                         f"valid: {', '.join(e.value for e in AdvEstimator)}") from None
+
+
+def compute_advantage(data: dict[str, Any], adv_estimator: AdvEstimator | str, *, gamma: float = 1.0, lam: float = 1.0,
+                      norm_adv_by_std_in_grpo: bool = True) -> dict[str, Any]:
+    """Add ``advantages`` and ``returns`` (B, T) to ``data`` with the registered estimator.
+
+    ``data`` holds ``token_level_rewards`` and ``response_mask`` (B, T), and what the estimator reads:
+    ``values`` (B, T) for a critic, ``uid`` (B,) the prompt of each row for a group, ``reward_baselines``
+    (B,) for a greedy baseline. Returns ``data``."""
+    entry = estimator(adv_estimator)
+    rewards = data["token_level_rewards"]
+    kwargs: dict[str, Any] = {"token_level_rewards": rewards, "response_mask": data["response_mask"].to(rewards.dtype)}
+    for needed, key, arg in ((entry.critic, "values", "values"), (entry.group, "uid", "index"),
+                             (entry.baseline, "reward_baselines", "reward_baselines")):
+        if needed:
+            if key not in data:
+                raise ValueError(f"adv_estimator {entry.name.value} reads {key!r}, which the batch lacks")
+            kwargs[arg] = data[key]
+    given: Mapping[str, Any] = {"gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo}
+    kwargs.update({s: given[s] for s in entry.settings})
+    data["advantages"], data["returns"] = entry.fn(**kwargs)
+    return data
+
+
+# --------------------------------------------------------------------------------------------
+# The estimators
+
+
+@register_adv_est(AdvEstimator.gae, critic=True)
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    *,
+    whiten: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (GAE), verl's formulation.
+
+    token_level_rewards, values, response_mask: (B, T) -> advantages, returns: (B, T).
+
+        delta_t = r_t + gamma * V_{t+1} - V_t
+        A_t     = delta_t + gamma * lam * A_{t+1}
+        R_t     = A_t + V_t            (the critic's target, before whitening)
+
+    Masked positions are skipped: the next value and the running advantage carry over them, so a
+    position after the last response token bootstraps from 0. ``whiten`` (verl always does) whitens the
+    advantages over the masked tokens of the whole batch; the returns are never whitened.
+    """
+    import torch
+
+    from worker.ppo.core_algos import masked_whiten
+
+    with torch.no_grad():
+        B, T = token_level_rewards.shape
+        mask = response_mask.to(values.dtype)
+        next_values = torch.zeros(B, dtype=values.dtype, device=values.device)  # (B,)
+        last_gae_lam = torch.zeros(B, dtype=values.dtype, device=values.device)  # (B,)
+        advantages_reversed = []
+        for t in reversed(range(T)):
+            delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]  # (B,)
+            gae_t = delta + gamma * lam * last_gae_lam  # (B,)
+            # skip values and TD errors on masked positions: carry the previous ones over them
+            next_values = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_values
+            last_gae_lam = gae_t * mask[:, t] + (1 - mask[:, t]) * last_gae_lam
+            advantages_reversed.append(last_gae_lam)
+        advantages = torch.stack(advantages_reversed[::-1], dim=1)  # (B, T)
+        returns = advantages + values  # (B, T)
+        if whiten:
+            advantages = masked_whiten(advantages, response_mask)
+    return advantages, returns
+
+
+@register_adv_est(AdvEstimator.grpo, group=True)
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | torch.Tensor,
+    norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage: each row's total reward normalised within its group.
+
+    token_level_rewards, response_mask: (B, T); index: (B,) group id per row (the prompt's uid)
+    -> advantages, returns: (B, T), equal, the row's scalar broadcast over its response tokens.
+
+        s_i = sum_t r_{i,t};   A_i = (s_i - mean_g s) / (std_g s + epsilon)
+
+    std is the unbiased standard deviation of the group. A group of one row has mean 0 and std 1
+    (verl's convention), so its advantage is its own score. ``norm_adv_by_std_in_grpo=False`` gives
+    Dr. GRPO's mean-centred score without the division.
+    """
+    import torch
+
+    with torch.no_grad():
+        B = token_level_rewards.shape[0]
+        scores = token_level_rewards.sum(dim=-1)  # (B,)
+        group, count = group_ids(index, B, device=scores.device)  # (B,) in [0, G), (G,)
+        count = count.to(scores.dtype)
+        G = count.shape[0]
+        total = torch.zeros(G, dtype=scores.dtype, device=scores.device).scatter_add_(0, group, scores)  # (G,)
+        mean = total / count  # (G,)
+        sq_dev = torch.zeros(G, dtype=scores.dtype, device=scores.device).scatter_add_(0, group, (scores - mean[group]) ** 2)
+        std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))  # (G,) unbiased
+        singleton = count == 1
+        mean = torch.where(singleton, torch.zeros_like(mean), mean)
+        std = torch.where(singleton, torch.ones_like(std), std)
+        centred = scores - mean[group]  # (B,)
+        normalised = centred / (std[group] + epsilon) if norm_adv_by_std_in_grpo else centred
+        advantages = normalised.unsqueeze(-1) * response_mask  # (B, 1) * (B, T) -> (B, T)
+    return advantages, advantages
+
+
+def group_ids(index: Sequence[Hashable] | torch.Tensor, rows: int, *, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Arbitrary hashable group labels (B,) -> dense integer ids (B,) in order of first appearance, and the
+    size of each group (G,). ``rows`` is B: an index of another length is refused."""
+    import torch
+
+    if len(index) != rows:
+        raise ValueError(f"index has {len(index)} group ids for {rows} rows; give one group id per row")
+    labels = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+    dense: dict[Any, int] = {}
+    ids = torch.tensor([dense.setdefault(label, len(dense)) for label in labels], dtype=torch.long, device=device)
+    return ids, torch.bincount(ids, minlength=len(dense))
