@@ -178,6 +178,22 @@ def test_grpo_advantages_are_standardised_within_each_group(groups, seed):
 
 REFERENCES: dict[AdvEstimator, object] = {}
 
+
+def reference(name: AdvEstimator):
+    def register(fn):
+        REFERENCES[name] = fn
+        return fn
+
+    return register
+
+
+def _groups(values, index):
+    """{prompt: [value of each of its rows, in row order]}"""
+    groups: dict = {}
+    for value, label in zip(values, index, strict=True):
+        groups.setdefault(label, []).append(value)
+    return groups
+
 # (rewards, mask, index, baselines): groups of 1 to 3 rows, padding, rewards on the last token and inside.
 TABLE = [
     ([[0.0, 1.0], [0.0, 0.0], [2.0, 0.0]], [[1, 1], [1, 0], [1, 0]], ["a", "a", "b"], [0.5, 0.5, 1.0]),
@@ -190,6 +206,9 @@ TABLE = [
 ]
 SETTINGS = [{"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True},
             {"gamma": 0.9, "lam": 0.95, "norm_adv_by_std_in_grpo": False}]
+
+
+# ---- the references, one per estimator (verl 0.9.1's loops, transcribed)
 
 
 def _run(name, rewards, mask, index, baselines, setting):
