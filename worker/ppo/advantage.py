@@ -204,6 +204,33 @@ def compute_grpo_outcome_advantage(
     return advantages, advantages
 
 
+
+@register_adv_est(AdvEstimator.rloo, group=True)
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): each sample's score less the mean score of the other
+    samples of its prompt.
+
+    token_level_rewards, response_mask: (B, T); index: (B,) -> advantages = returns: (B, T).
+
+        A_i = s_i - (sum_g s - s_i) / (n_g - 1) = n_g / (n_g - 1) * (s_i - mean_g s)
+
+    A group of one keeps its score (verl's convention).
+    """
+    import torch
+
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)  # (B,)
+        group, count = group_ids(index, scores.shape[0], device=scores.device)  # (B,), (G,)
+        n = count.to(scores.dtype)[group]  # (B,) the size of each row's group
+        total = torch.zeros(count.shape[0], dtype=scores.dtype, device=scores.device).scatter_add_(0, group, scores)
+        loo = torch.where(n > 1, (n * scores - total[group]) / (n - 1).clamp(min=1), scores)  # (B,)
+        advantages = loo.unsqueeze(-1) * response_mask  # (B, T)
+    return advantages, advantages
+
 def group_ids(index: Sequence[Hashable] | torch.Tensor, rows: int, *, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Arbitrary hashable group labels (B,) -> dense integer ids (B,) in order of first appearance, and the
     size of each group (G,). ``rows`` is B: an index of another length is refused."""

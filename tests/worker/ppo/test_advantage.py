@@ -211,6 +211,17 @@ SETTINGS = [{"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True},
 # ---- the references, one per estimator (verl 0.9.1's loops, transcribed)
 
 
+@reference(AdvEstimator.rloo)
+def _rloo_reference(rewards, mask, index, baselines, setting):
+    scores = [sum(row) for row in rewards]
+    groups = _groups(scores, index)
+    out = []
+    for i, label in enumerate(index):
+        n, mean = len(groups[label]), sum(groups[label]) / len(groups[label])
+        a = scores[i] * n / (n - 1) - mean * n / (n - 1) if n > 1 else scores[i]
+        out.append([a * m for m in mask[i]])
+    return out, out
+
 def _run(name, rewards, mask, index, baselines, setting):
     data = {"token_level_rewards": torch.tensor(rewards, dtype=torch.float64),
             "response_mask": torch.tensor(mask, dtype=torch.long), "uid": index,
