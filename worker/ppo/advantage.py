@@ -231,6 +231,35 @@ def compute_rloo_outcome_advantage(
         advantages = loo.unsqueeze(-1) * response_mask  # (B, T)
     return advantages, advantages
 
+
+@register_adv_est(AdvEstimator.reinforce_plus_plus)
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): the discounted return of each token, whitened over the batch.
+
+    token_level_rewards, response_mask: (B, T) -> advantages, returns: (B, T).
+
+        G_t = r_t + gamma * G_{t+1}   (over response tokens; a masked position passes G on unchanged)
+        A   = whiten(G) over the masked tokens of the whole batch, 0 on padding
+    """
+    import torch
+
+    from worker.ppo.core_algos import masked_whiten
+
+    with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
+        returns = torch.zeros_like(token_level_rewards)  # (B, T)
+        running = torch.zeros_like(token_level_rewards[:, 0])  # (B,)
+        for t in reversed(range(token_level_rewards.shape[1])):
+            new = token_level_rewards[:, t] + gamma * running  # (B,)
+            returns[:, t] = new * mask[:, t]
+            running = new * mask[:, t] + running * (1 - mask[:, t])
+        advantages = masked_whiten(returns, mask) * mask  # (B, T)
+    return advantages, returns
+
 def group_ids(index: Sequence[Hashable] | torch.Tensor, rows: int, *, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Arbitrary hashable group labels (B,) -> dense integer ids (B,) in order of first appearance, and the
     size of each group (G,). ``rows`` is B: an index of another length is refused."""

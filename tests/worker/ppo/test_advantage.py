@@ -222,6 +222,30 @@ def _rloo_reference(rewards, mask, index, baselines, setting):
         out.append([a * m for m in mask[i]])
     return out, out
 
+
+def _whiten(rows, mask):
+    """verl_F.masked_whiten: (x - mean) / sqrt(var + 1e-8) over the masked entries, var unbiased; its masked
+    means divide by (count + 1e-8)."""
+    kept = [x for row, m_row in zip(rows, mask, strict=True) for x, m in zip(row, m_row, strict=True) if m]
+    n = len(kept)
+    mean = sum(kept) / (n + 1e-8)
+    var = sum((x - mean) ** 2 for x in kept) / (n + 1e-8) * n / (n - 1)
+    return [[(x - mean) / math.sqrt(var + 1e-8) for x in row] for row in rows]
+
+
+@reference(AdvEstimator.reinforce_plus_plus)
+def _reinforce_plus_plus_reference(rewards, mask, index, baselines, setting):
+    returns = []
+    for r_row, m_row in zip(rewards, mask, strict=True):
+        row, running = [0.0] * len(r_row), 0.0
+        for t in reversed(range(len(r_row))):
+            new = r_row[t] + setting["gamma"] * running
+            row[t] = new * m_row[t]
+            running = new * m_row[t] + running * (1 - m_row[t])
+        returns.append(row)
+    whitened = _whiten(returns, mask)
+    return [[a * m for a, m in zip(a_row, m_row, strict=True)] for a_row, m_row in zip(whitened, mask, strict=True)], returns
+
 def _run(name, rewards, mask, index, baselines, setting):
     data = {"token_level_rewards": torch.tensor(rewards, dtype=torch.float64),
             "response_mask": torch.tensor(mask, dtype=torch.long), "uid": index,
