@@ -260,6 +260,37 @@ def compute_reinforce_plus_plus_outcome_advantage(
         advantages = masked_whiten(returns, mask) * mask  # (B, T)
     return advantages, returns
 
+
+@register_adv_est(AdvEstimator.reinforce_plus_plus_baseline, group=True)
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a baseline (Hu 2025, arXiv:2501.03262): each sample's score less its prompt's mean
+    score, broadcast over its tokens and whitened over the batch.
+
+    token_level_rewards, response_mask: (B, T); index: (B,) -> advantages = returns: (B, T).
+
+        A_i = whiten(s_i - mean_g s) over the masked tokens of the whole batch, 0 on padding
+
+    A group of one has mean 0 (verl's convention).
+    """
+    import torch
+
+    from worker.ppo.core_algos import masked_whiten
+
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)  # (B,)
+        group, count = group_ids(index, scores.shape[0], device=scores.device)  # (B,), (G,)
+        n = count.to(scores.dtype)
+        mean = torch.zeros_like(n).scatter_add_(0, group, scores) / n  # (G,)
+        mean = torch.where(n > 1, mean, torch.zeros_like(mean))
+        mask = response_mask.to(scores.dtype)
+        centred = (scores - mean[group]).unsqueeze(-1) * mask  # (B, T)
+        advantages = masked_whiten(centred, mask) * mask  # (B, T)
+    return advantages, advantages
+
 def group_ids(index: Sequence[Hashable] | torch.Tensor, rows: int, *, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Arbitrary hashable group labels (B,) -> dense integer ids (B,) in order of first appearance, and the
     size of each group (G,). ``rows`` is B: an index of another length is refused."""

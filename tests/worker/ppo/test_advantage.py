@@ -246,6 +246,19 @@ def _reinforce_plus_plus_reference(rewards, mask, index, baselines, setting):
     whitened = _whiten(returns, mask)
     return [[a * m for a, m in zip(a_row, m_row, strict=True)] for a_row, m_row in zip(whitened, mask, strict=True)], returns
 
+
+@reference(AdvEstimator.reinforce_plus_plus_baseline)
+def _reinforce_plus_plus_baseline_reference(rewards, mask, index, baselines, setting):
+    scores = [sum(row) for row in rewards]
+    groups = _groups(scores, index)
+    centred = []
+    for i, label in enumerate(index):
+        mean = sum(groups[label]) / len(groups[label]) if len(groups[label]) > 1 else 0.0
+        centred.append([(scores[i] - mean) * m for m in mask[i]])
+    whitened = _whiten(centred, mask)
+    out = [[a * m for a, m in zip(a_row, m_row, strict=True)] for a_row, m_row in zip(whitened, mask, strict=True)]
+    return out, out
+
 def _run(name, rewards, mask, index, baselines, setting):
     data = {"token_level_rewards": torch.tensor(rewards, dtype=torch.float64),
             "response_mask": torch.tensor(mask, dtype=torch.long), "uid": index,
