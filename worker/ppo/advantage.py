@@ -291,6 +291,35 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
         advantages = masked_whiten(centred, mask) * mask  # (B, T)
     return advantages, advantages
 
+
+@register_adv_est(AdvEstimator.opo, group=True)
+def compute_opo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO (Hao et al. 2025, arXiv:2505.23585): each sample's score less its prompt's length-weighted mean
+    score, the optimal baseline of an on-policy sequence-level gradient.
+
+    token_level_rewards, response_mask: (B, T); index: (B,) -> advantages = returns: (B, T).
+
+        b_g = sum_{j in g} |y_j| s_j / sum_{j in g} |y_j|;   A_i = s_i - b_g   (|y| the response length)
+
+    A group of one has baseline 0 (verl's convention).
+    """
+    import torch
+
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)  # (B,)
+        lengths = response_mask.to(scores.dtype).sum(dim=-1)  # (B,)
+        group, count = group_ids(index, scores.shape[0], device=scores.device)  # (B,), (G,)
+        G = count.shape[0]
+        weighted = torch.zeros(G, dtype=scores.dtype, device=scores.device).scatter_add_(0, group, lengths * scores)
+        total_length = torch.zeros(G, dtype=scores.dtype, device=scores.device).scatter_add_(0, group, lengths)
+        baseline = torch.where(count > 1, weighted / total_length, torch.zeros_like(weighted))  # (G,)
+        advantages = (scores - baseline[group]).unsqueeze(-1) * response_mask  # (B, T)
+    return advantages, advantages
+
 def group_ids(index: Sequence[Hashable] | torch.Tensor, rows: int, *, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Arbitrary hashable group labels (B,) -> dense integer ids (B,) in order of first appearance, and the
     size of each group (G,). ``rows`` is B: an index of another length is refused."""

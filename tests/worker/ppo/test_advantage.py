@@ -259,6 +259,18 @@ def _reinforce_plus_plus_baseline_reference(rewards, mask, index, baselines, set
     out = [[a * m for a, m in zip(a_row, m_row, strict=True)] for a_row, m_row in zip(whitened, mask, strict=True)]
     return out, out
 
+
+@reference(AdvEstimator.opo)
+def _opo_reference(rewards, mask, index, baselines, setting):
+    scores, lengths = [sum(row) for row in rewards], [sum(row) for row in mask]
+    groups, group_lengths = _groups(scores, index), _groups(lengths, index)
+    out = []
+    for i, label in enumerate(index):
+        s, n = groups[label], group_lengths[label]
+        baseline = sum(a * b for a, b in zip(n, s, strict=True)) / sum(n) if len(s) > 1 else 0.0
+        out.append([(scores[i] - baseline) * m for m in mask[i]])
+    return out, out
+
 def _run(name, rewards, mask, index, baselines, setting):
     data = {"token_level_rewards": torch.tensor(rewards, dtype=torch.float64),
             "response_mask": torch.tensor(mask, dtype=torch.long), "uid": index,
