@@ -320,6 +320,35 @@ def compute_opo_outcome_advantage(
         advantages = (scores - baseline[group]).unsqueeze(-1) * response_mask  # (B, T)
     return advantages, advantages
 
+
+@register_adv_est(AdvEstimator.gpg, group=True)
+def compute_gpg_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | torch.Tensor,
+    f_norm: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (Chu et al. 2025, arXiv:2504.02546): each sample's score less its prompt's mean, scaled up by the
+    share of the batch whose score is non-zero (rows with a zero score carry no gradient).
+
+    token_level_rewards, response_mask: (B, T); index: (B,) -> advantages = returns: (B, T).
+
+        alpha = B / max(#{i: s_i != 0}, 1);   A_i = alpha * (s_i - mean_g s) / f_norm
+
+    A group of one has mean 0 (verl's convention); verl's ``f_norm`` is 1.
+    """
+    import torch
+
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)  # (B,)
+        alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)  # 0-d
+        group, count = group_ids(index, scores.shape[0], device=scores.device)  # (B,), (G,)
+        n = count.to(scores.dtype)
+        mean = torch.zeros_like(n).scatter_add_(0, group, scores) / n  # (G,)
+        mean = torch.where(n > 1, mean, torch.zeros_like(mean))
+        advantages = (alpha * (scores - mean[group]) / f_norm).unsqueeze(-1) * response_mask  # (B, T)
+    return advantages, advantages
+
 def group_ids(index: Sequence[Hashable] | torch.Tensor, rows: int, *, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Arbitrary hashable group labels (B,) -> dense integer ids (B,) in order of first appearance, and the
     size of each group (G,). ``rows`` is B: an index of another length is refused."""

@@ -271,6 +271,18 @@ def _opo_reference(rewards, mask, index, baselines, setting):
         out.append([(scores[i] - baseline) * m for m in mask[i]])
     return out, out
 
+
+@reference(AdvEstimator.gpg)
+def _gpg_reference(rewards, mask, index, baselines, setting):
+    scores = [sum(row) for row in rewards]
+    alpha = len(scores) / max(sum(1 for s in scores if s != 0), 1)
+    groups = _groups(scores, index)
+    out = []
+    for i, label in enumerate(index):
+        mean = sum(groups[label]) / len(groups[label]) if len(groups[label]) > 1 else 0.0
+        out.append([alpha * (scores[i] - mean) / 1.0 * m for m in mask[i]])
+    return out, out
+
 def _run(name, rewards, mask, index, baselines, setting):
     data = {"token_level_rewards": torch.tensor(rewards, dtype=torch.float64),
             "response_mask": torch.tensor(mask, dtype=torch.long), "uid": index,
