@@ -283,6 +283,22 @@ def _gpg_reference(rewards, mask, index, baselines, setting):
         out.append([alpha * (scores[i] - mean) / 1.0 * m for m in mask[i]])
     return out, out
 
+
+@reference(AdvEstimator.grpo)
+def _grpo_reference(rewards, mask, index, baselines, setting):
+    """With ``algorithm.norm_adv_by_std_in_grpo=False`` (the second setting of the table) only the mean is
+    subtracted: Dr. GRPO's advantage."""
+    scores = [sum(row) for row in rewards]
+    groups = _groups(scores, index)
+    out = []
+    for i, label in enumerate(index):
+        group = groups[label]
+        mean = sum(group) / len(group) if len(group) > 1 else 0.0
+        std = math.sqrt(sum((x - mean) ** 2 for x in group) / (len(group) - 1)) if len(group) > 1 else 1.0
+        a = (scores[i] - mean) / (std + 1e-6) if setting["norm_adv_by_std_in_grpo"] else scores[i] - mean
+        out.append([a * m for m in mask[i]])
+    return out, out
+
 def _run(name, rewards, mask, index, baselines, setting):
     data = {"token_level_rewards": torch.tensor(rewards, dtype=torch.float64),
             "response_mask": torch.tensor(mask, dtype=torch.long), "uid": index,
