@@ -1,5 +1,7 @@
-"""One PPO step as named phases, in the order of verl's ``RayPPOTrainer.fit``: generate, rewards, old
-log-probs, reference, values, advantages, update critic, update actor, metrics.
+"""One PPO step as named phases, in the order of verl's ``RayPPOTrainer.fit``: generate (and, for an
+estimator that subtracts one, the greedy baseline), rewards, old log-probs, reference, values (for an
+estimator that reads a critic), advantages, update critic, update actor, metrics. What the estimator reads
+is its registry entry's (``worker.ppo.advantage``).
 
 Each phase reads and adds fields of one batch (a dict of tensors and lists, rows = prompt x sample,
 ``N = B * rollout.n``) and calls the ranks through the run's ``WorkerGroup``; the arithmetic between the
@@ -18,7 +20,7 @@ from worker.engine import compute
 from worker.engine.dispatch import concat_batches
 from worker.engine.group import WorkerGroup
 from worker.ppo import core_algos as ppo_math
-from worker.ppo.advantage import compute_advantage
+from worker.ppo.advantage import compute_advantage, estimator
 from worker.spec import RunSpec
 
 
@@ -34,30 +36,30 @@ class PPOStep:
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
         rollout = spec.actor_rollout_ref.rollout
         self.temperature = rollout.temperature if rollout.do_sample and rollout.temperature > 0 else 1.0
+        self.estimator = estimator(spec.algorithm.adv_estimator)
 
     def __call__(self, picked: list[Any], *, step: int, total_steps: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         batch = self.generate(picked)
+        if self.estimator.baseline:
+            self.greedy_baseline(batch, picked)
         t_gen = time.perf_counter()
         self.rewards(batch, picked)
         self.old_log_probs(batch)
         self.reference(batch)
         metrics = self.kl_in_reward(batch)
-        if self.spec.has_critic:
+        if self.estimator.critic:
             self.values(batch)
         self.advantages(batch)
-        if self.spec.has_critic:
+        if self.estimator.critic:
             metrics.update(self.update_critic(batch))
         metrics.update(self.update_actor(batch))
         return self.metrics(batch, metrics, step=step, total_steps=total_steps, started=t0, generated=t_gen)
 
-    # ---- phases
+    # ---- what the phases share
 
-    def generate(self, picked: list[Any]) -> dict[str, Any]:
-        """Prompts, left-padded to the longest in the batch, each repeated n times (a group of samples),
-        then the rollout on the actor's ranks -> the assembled batch."""
-        spec, n = self.spec, self.spec.actor_rollout_ref.rollout.n
-        rollout = spec.actor_rollout_ref.rollout
+    def _prompts(self, picked: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts left-padded to the longest of the batch -> prompt_ids, prompt_mask (B, P)."""
         p = max(len(r.prompt_ids) for r in picked)
         prompt_ids = torch.full((len(picked), p), self.pad, dtype=torch.long)  # (B, P)
         prompt_mask = torch.zeros(len(picked), p, dtype=torch.long)  # (B, P)
@@ -65,13 +67,36 @@ class PPOStep:
             ids = torch.tensor(row.prompt_ids, dtype=torch.long)
             prompt_ids[i, p - len(ids):] = ids
             prompt_mask[i, p - len(ids):] = 1
-        prompt_ids = prompt_ids.repeat_interleave(n, dim=0)  # (N, P), N = B * n
-        prompt_mask = prompt_mask.repeat_interleave(n, dim=0)  # (N, P)
+        return prompt_ids, prompt_mask
+
+    def _rollout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, do_sample: bool) -> dict[str, Any]:
+        """generate on the actor's ranks (sampled as ``rollout.*`` says, or greedy) -> responses, response_mask,
+        rollout_log_probs (rows, R)."""
+        spec, rollout = self.spec, self.spec.actor_rollout_ref.rollout
         settings = {"max_new_tokens": spec.data.max_response_length, "eos_token_id": self.eos,
                     "pad_token_id": self.pad, "temperature": rollout.temperature, "top_p": rollout.top_p,
-                    "do_sample": rollout.do_sample, "seed": spec.attnboard.seed, "dtype": spec.precision("rollout")[0]}
-        gen = concat_batches(self.group.call("generate", settings,
-                                             batch={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}))
+                    "do_sample": do_sample, "seed": spec.attnboard.seed, "dtype": spec.precision("rollout")[0]}
+        return concat_batches(self.group.call("generate", settings,
+                                              batch={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}))
+
+    def _score(self, row: Any, response: torch.Tensor) -> float:
+        """The rule-based reward of one response (its tokens up to and including EOS) to its prompt's row."""
+        from worker.ppo import rewards
+
+        text = self.tokenizer.decode(response.tolist(), skip_special_tokens=True)
+        return float(rewards.get_reward_fn(self.spec.custom_reward_function.name, row.data_source)(
+            row.data_source, text, row.ground_truth))
+
+    # ---- phases
+
+    def generate(self, picked: list[Any]) -> dict[str, Any]:
+        """Prompts, left-padded to the longest in the batch, each repeated n times (a group of samples),
+        then the rollout on the actor's ranks -> the assembled batch."""
+        n = self.spec.actor_rollout_ref.rollout.n
+        prompt_ids, prompt_mask = self._prompts(picked)
+        prompt_ids = prompt_ids.repeat_interleave(n, dim=0)  # (N, P), N = B * n
+        prompt_mask = prompt_mask.repeat_interleave(n, dim=0)  # (N, P)
+        gen = self._rollout(prompt_ids, prompt_mask, do_sample=self.spec.actor_rollout_ref.rollout.do_sample)
         if not self.rolled_out:
             self.rolled_out = True
             self.on_first_rollout()
@@ -80,19 +105,31 @@ class PPOStep:
                 "rollout_log_probs": gen["rollout_log_probs"],
                 "uid": [i for i in range(len(picked)) for _ in range(n)]}  # (N,) the prompt (group) of each row
 
+    def greedy_baseline(self, batch: dict[str, Any], picked: list[Any]) -> None:
+        """ReMax's baseline, as verl makes it: the score of a greedy rollout of each prompt -> reward_baselines
+        (N,), the prompt's score on each of its rows. The prompts are generated once each when they split
+        evenly across the actor's data-parallel ranks, else once per row (greedy: the same response)."""
+        n = self.spec.actor_rollout_ref.rollout.n
+        prompt_ids, prompt_mask = self._prompts(picked)
+        per_prompt = len(picked) % self.group.meshes["actor"].dp == 0
+        rows = picked if per_prompt else picked_rows(picked, n)
+        if not per_prompt:
+            prompt_ids, prompt_mask = prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0)
+        gen = self._rollout(prompt_ids, prompt_mask, do_sample=False)
+        lengths = gen["response_mask"].sum(-1).tolist()
+        scores = torch.tensor([self._score(row, gen["responses"][i, :int(lengths[i])]) for i, row in enumerate(rows)],
+                              dtype=torch.float32)
+        batch["reward_baselines"] = scores.repeat_interleave(n) if per_prompt else scores
+
     def rewards(self, batch: dict[str, Any], picked: list[Any]) -> None:
         """Rule-based reward on the decoded text, placed on each response's last token -> token_level_scores."""
-        from worker.ppo import rewards
-
         n = self.spec.actor_rollout_ref.rollout.n
         mask = batch["response_mask"]
         scores = torch.zeros(mask.shape, dtype=torch.float32)  # (N, R)
         seq_scores = []
         for i, row in enumerate(picked_rows(picked, n)):
             length = int(mask[i].sum())
-            text = self.tokenizer.decode(batch["responses"][i, :length].tolist(), skip_special_tokens=True)
-            score = float(rewards.get_reward_fn(self.spec.custom_reward_function.name, row.data_source)(
-                row.data_source, text, row.ground_truth))
+            score = self._score(row, batch["responses"][i, :length])
             seq_scores.append(score)
             scores[i, max(length - 1, 0)] = score
         batch["token_level_scores"], batch["seq_scores"] = scores, seq_scores
@@ -155,7 +192,13 @@ class PPOStep:
         kl = ppo_math.masked_mean(batch["old_log_probs"] - batch["ref_log_prob"], mask)  # k1 estimate
         probs_diff = ppo_math.masked_mean((batch["rollout_log_probs"].exp() - batch["old_log_probs"].exp()).abs(), mask)
         peak = self.group.call("peak_memory_mb")
+        valid = mask.bool()
+        advantages, returns = batch["advantages"][valid], batch["returns"][valid]  # the response tokens'
         metrics.update({
+            "critic/advantages/mean": float(advantages.mean()),
+            "critic/advantages/max": float(advantages.max()),
+            "critic/advantages/min": float(advantages.min()),
+            "critic/returns/mean": float(returns.mean()),
             "critic/rewards/mean": float(batch["token_level_rewards"].sum(-1).mean()),
             "critic/score/mean": sum(seq_scores) / len(seq_scores),
             "actor/kl": float(kl),

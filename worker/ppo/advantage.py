@@ -349,6 +349,27 @@ def compute_gpg_outcome_advantage(
         advantages = (alpha * (scores - mean[group]) / f_norm).unsqueeze(-1) * response_mask  # (B, T)
     return advantages, advantages
 
+
+@register_adv_est(AdvEstimator.remax, baseline=True)
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    reward_baselines: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv:2310.10505): the return-to-go of each token less the score of a greedy
+    rollout of the same prompt (the engine generates it: ``worker.engine.step.PPOStep.greedy_baseline``).
+
+    token_level_rewards, response_mask: (B, T); reward_baselines: (B,) -> advantages, returns: (B, T).
+
+        G_t = sum_{t' >= t} r_{t'} m_{t'};   A_t = G_t - b m_t   (no discount, no whitening)
+    """
+    import torch
+
+    with torch.no_grad():
+        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])  # (B, T)
+        advantages = returns - reward_baselines.unsqueeze(-1) * response_mask  # (B, T)
+    return advantages, returns
+
 def group_ids(index: Sequence[Hashable] | torch.Tensor, rows: int, *, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Arbitrary hashable group labels (B,) -> dense integer ids (B,) in order of first appearance, and the
     size of each group (G,). ``rows`` is B: an index of another length is refused."""

@@ -299,6 +299,16 @@ def _grpo_reference(rewards, mask, index, baselines, setting):
         out.append([a * m for m in mask[i]])
     return out, out
 
+
+@reference(AdvEstimator.remax)
+def _remax_reference(rewards, mask, index, baselines, setting):
+    returns, advantages = [], []
+    for r_row, m_row, b in zip(rewards, mask, baselines, strict=True):
+        row = [sum(r_row[k] * m_row[k] for k in range(t, len(r_row))) for t in range(len(r_row))]
+        returns.append(row)
+        advantages.append([g - b * m for g, m in zip(row, m_row, strict=True)])
+    return advantages, returns
+
 def _run(name, rewards, mask, index, baselines, setting):
     data = {"token_level_rewards": torch.tensor(rewards, dtype=torch.float64),
             "response_mask": torch.tensor(mask, dtype=torch.long), "uid": index,
