@@ -66,6 +66,13 @@ def test_form_has_a_labelled_input_for_every_spec_field(client):
         "Run", "Model", "Attention per role"]
 
 
+
+def test_form_says_what_each_estimator_the_engine_runs_needs(client):
+    text = " ".join(soup(client.get("/runs/new").text).get_text(" ").split())
+    assert ("The engine runs gae, gpg, grpo, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo. "
+            "gae trains a critic; grpo, rloo, reinforce_plus_plus_baseline, opo, gpg compare the samples of each "
+            "prompt (rollout.n >= 2); remax subtracts the score of a greedy rollout.") in text
+
 def test_form_starts_from_a_spec_that_resolves(client):
     html = client.get("/runs/new").text
     assert set(preview_rows(html)) == {"actor", "rollout", "reference", "critic"}
