@@ -58,6 +58,7 @@ from worker.attention.resolution import Resolution, resolve
 from worker.core.environment import PROFILES, Environment
 from worker.interop.specfile import detect_format
 from worker.interop.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
+from worker.ppo.advantage import needs_critic
 from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -382,8 +383,8 @@ def passthrough_of(run: Run) -> dict[str, Any]:
 
 def eager_roles(run: Run, view: RunView) -> list[str]:
     """The settings a "retry with eager on ..." button is offered for: those whose role fell back or did
-    not load, the critic only when the run trains one (gae)."""
-    has_critic = (run.spec.get("algorithm") or {}).get("adv_estimator", "gae") == "gae"
+    not load, the critic only when the run trains one."""
+    has_critic = needs_critic((run.spec.get("algorithm") or {}).get("adv_estimator", "gae"))
     return [role for role in view.eager_retry_roles() if role != "critic" or has_critic]
 
 

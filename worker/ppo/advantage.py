@@ -79,6 +79,13 @@ def get_adv_estimator_fn(name: AdvEstimator | str) -> AdvantageFn:
     return estimator(name).fn
 
 
+def needs_critic(name: AdvEstimator | str) -> bool:
+    """Whether a run with this ``algorithm.adv_estimator`` trains a critic (verl's ``need_critic``): its
+    registered estimator reads values. An estimator the engine does not run needs none here."""
+    entry = ESTIMATORS.get(name)  # type: ignore[call-overload]  # str keys match: AdvEstimator is a str Enum
+    return entry is not None and entry.critic
+
+
 def names() -> list[str]:
     """The estimators attnboard's engine runs, sorted."""
     return sorted(k.value for k in ESTIMATORS)

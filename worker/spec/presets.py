@@ -65,8 +65,7 @@ def tiny_cpu_spec(**dotted_overrides: Any) -> RunSpec:
     when the result is not a valid spec (each problem named by its key).
     """
     flat = {**TINY_CPU, **dotted_overrides}
-    entry = advantage.ESTIMATORS.get(flat["algorithm.adv_estimator"])
-    if not (entry and entry.critic) and "critic.model.override_config" not in dotted_overrides:
+    if not advantage.needs_critic(flat["algorithm.adv_estimator"]) and "critic.model.override_config" not in dotted_overrides:
         flat["critic.model.override_config"] = {}  # no critic runs: an override would only draw a warning
     spec, _warnings = validate_spec(flat)
     return spec

@@ -394,8 +394,7 @@ class RunSpec(_Section):
     @property
     def has_critic(self) -> bool:
         """The estimator reads a critic's values (its registry entry says so; verl's ``need_critic``)."""
-        entry = advantage.ESTIMATORS.get(self.algorithm.adv_estimator)
-        return entry is not None and entry.critic
+        return advantage.needs_critic(self.algorithm.adv_estimator)
 
     @property
     def actor_sp(self) -> int:
