@@ -12,12 +12,12 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 
 from app.deps import (
     LauncherDep,
+    Read,
     ReadAccess,
     SessionDep,
     SettingsDep,
+    Write,
     reader_of,
-    require_read,
-    require_write,
     serving_lifespan,
 )
 from app.errors import LAUNCH_RESPONSES
@@ -42,7 +42,6 @@ from app.services.events import MAX_EVENTS_PAGE
 from app.services.redact import checkpoints_for
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], lifespan=serving_lifespan)
-Read, Write = [Depends(require_read)], [Depends(require_write)]
 RunId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A run's id.")]
 MAX_EVENTS_PER_POST = 1000
 
