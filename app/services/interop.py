@@ -181,6 +181,11 @@ def import_isolated(calls: IsolatedCalls, *, text: str, format: ImportFormat = "
     return calls.call(__name__, "import_text", text=text, format=format)
 
 
+def import_spec_isolated(calls: IsolatedCalls, *, text: str, format: ImportFormat = "auto") -> tuple[str, verl.ImportResult]:
+    """``import_spec`` in a child process with the app's wall clock: what the form's import box runs."""
+    return calls.call(__name__, "import_spec", text=text, format=format)
+
+
 def import_calls(timeout_s: float) -> IsolatedCalls:
     """The app's pool of import children (made by the app factory, closed at shutdown)."""
     return IsolatedCalls(timeout_s=timeout_s, preload=(__name__,), on_timeout=import_timeout_error(timeout_s))
