@@ -24,7 +24,21 @@ from app.db import make_engine, run_migrations
 from app.errors import ERROR_RESPONSES, install_error_handlers
 from app.middleware import BodySizeLimit, DocsReadRule, LoginThrottle, NoNulInQuery, TrustedHosts, default_allowed_hosts
 from app.models import Run
-from app.routes import compare, health, live_run, login, new_run, runs, runs_list, specs, tokens, tools, trials, troubleshooting
+from app.routes import (
+    compare,
+    health,
+    live_run,
+    login,
+    new_run,
+    runs,
+    runs_list,
+    specs,
+    tokens,
+    tokens_page,
+    tools,
+    trials,
+    troubleshooting,
+)
 from app.services import trials as trials_service
 from app.services.auth import bearer_authenticator
 from app.services.feeds import RunFeeds
@@ -40,7 +54,7 @@ log = logging.getLogger("attnboard")
 
 API_ROUTERS = (health.router, specs.router, runs.router, tools.router, tokens.router)
 # The dashboard, one module per page; /runs/new before /runs/{run_id}.
-PAGE_ROUTERS = (new_run.router, live_run.router, runs_list.router, login.router, compare.router)
+PAGE_ROUTERS = (new_run.router, live_run.router, runs_list.router, login.router, compare.router, tokens_page.router)
 
 
 def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None, migrate: bool = True,
@@ -61,7 +75,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         # there and aborts the process when it is shut down from another thread.
         supervisor = _start_ray(app, settings) if ray else None
         if ray:
-            app.state.imports.warm()  # the served app's first import finds a child ready
+            app.state.imports.warm(app.state.imports.max_children)  # the served app's imports find children ready
         yield
         if supervisor is not None:
             _stop_ray(app, supervisor)

@@ -96,12 +96,13 @@ class IsolatedCalls:
         self._idle: list[_Child] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_children)
-        self._max_idle = max_children
+        self._max_idle = self.max_children = max_children
         self._closed = False
 
-    def warm(self) -> None:
-        """Start one child in the background, so the first call finds it ready."""
-        threading.Thread(target=self._add_idle, daemon=True, name="attnboard-isolated-warm").start()
+    def warm(self, children: int = 1) -> None:
+        """Start ``children`` children in the background, so the next calls find them ready."""
+        for _ in range(children):
+            threading.Thread(target=self._add_idle, daemon=True, name="attnboard-isolated-warm").start()
 
     def _add_idle(self) -> None:
         try:
