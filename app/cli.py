@@ -106,14 +106,23 @@ def resolve_cmd(
     spec: Annotated[Path, typer.Argument(help="Spec file: YAML/JSON, or a verl command line.")],
     env: Annotated[str, typer.Option("--env", help=f"Target profile: {', '.join(PROFILES)}.")] = "cpu",
     env_file: Annotated[Path | None, typer.Option("--env-file", help="A probe result (JSON) instead of a profile.")] = None,
+    confine: Annotated[bool, typer.Option(
+        "--confine", help="Also check the spec's paths against the server's allowed folders (ATTNBOARD_MODEL_ROOTS, "
+                          "ATTNBOARD_DATA_ROOTS, the checkpoint folder), as POST /api/runs does.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show, per role, which attention implementation will run and why, and every issue a launch would
     refuse (the checks of POST /api/resolve: Ulysses sizes against the model folder's head counts, batch
-    arithmetic, ...). Exit 2 on an invalid spec, 1 when a role cannot load."""
+    arithmetic, ...; with --confine, paths outside the server's allowed folders). Exit 2 on an invalid spec,
+    1 when a role cannot load."""
     imported = _load(spec, as_json)
     environment = _environment(env, env_file, as_json)
     result = preview(imported.spec, environment)
+    if confine:
+        from app.core.config import get_settings
+        from worker.spec.confine import path_issues
+
+        result.issues[:0] = path_issues(imported.spec, get_settings().roots)
     errors = result.errors
     if as_json:
         print(json.dumps({**result.resolution.to_dict(), "issues": [i.as_dict() for i in result.issues],

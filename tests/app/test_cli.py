@@ -232,3 +232,15 @@ def test_import_of_a_launch_script_lists_the_pass_through(tmp_path):
     data = json.loads(run("import", str(script), "--json").stdout)
     assert data["spec"]["verl_passthrough"]["+reward_model.reward_kwargs.overlong_buffer_cfg.len"] == 4096
     assert data["verl_passthrough"] == data["spec"]["verl_passthrough"]
+
+
+def test_resolve_confine_checks_paths_as_the_server_does(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("data:\n  train_files: /etc/shadow\nactor_rollout_ref:\n  model:\n    path: builtin:tiny-llama\n"
+                    "critic:\n  model:\n    path: builtin:tiny-llama\ntrainer:\n  device: cpu\n  n_gpus_per_node: 1\n")
+    env = {"ATTNBOARD_DATA_DIR": str(tmp_path / "data")}
+    plain = run("resolve", str(spec), "--json", env=env)
+    assert "data.train_files" not in [i["field"] for i in json.loads(plain.stdout)["issues"] if i["severity"] == "error"]
+    confined = run("resolve", str(spec), "--confine", "--json", env=env)
+    assert confined.returncode == 2
+    assert "data.train_files" in [i["field"] for i in json.loads(confined.stdout)["issues"]]
