@@ -90,3 +90,17 @@ def test_bad_token_login_is_refused(client):
     assert resp.status_code == 401
     assert soup(resp.text).select_one("#token-err").get_text() == "unknown or revoked token"
 
+
+
+def test_the_session_cookie_is_secure_over_https(client, session):
+    """Behind an https proxy (``attnboard serve --proxy-headers``) the scheme is https: the cookie gets Secure."""
+    from app.services.tokens import create_token
+
+    _, token = create_token(session, name="tls", scopes=["read"])
+    page = client.get("https://testserver/login").text
+    resp = client.post("https://testserver/login", data={"token": token, "csrf_token": csrf_of(page)},
+                       follow_redirects=False)
+    assert resp.status_code == 303
+    cookie = next(c for c in resp.headers.get_list("set-cookie") if c.startswith("attnboard_session="))
+    assert "Secure" in cookie and "HttpOnly" in cookie
+    assert resp.headers["strict-transport-security"].startswith("max-age=")
