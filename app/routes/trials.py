@@ -1,9 +1,11 @@
 """Attention trials: the API (``router``) and the dashboard pages (``pages``).
 
-``POST /api/trials`` stores a queued trial and starts it in the background (``app.services.trials``);
-``GET /api/trials/{id}`` shows its status and, as columns come in, its result. Pages: ``/trials`` (recent,
-or ``?ids=1,2`` side by side), ``/trials/{id}`` (refreshes itself until the trial ends), and
-``POST /trials/from-form``, the new-run form's "Run an attention trial" button.
+``POST /api/trials`` stores a queued trial and wakes the scheduler: it starts as a job of the engine host
+when its ranks are free (``app.services.trials``); ``GET /api/trials/{id}`` shows its status, what it
+waits for or does (``status_reason``) and, as columns come in, its result; ``POST /api/trials/{id}/cancel``
+stops it. Pages: ``/trials`` (recent, or ``?ids=1,2`` side by side), ``/trials/{id}`` (refreshes itself
+until the trial ends, with a Cancel button), and ``POST /trials/from-form``, the new-run form's "Run an
+attention trial" button.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from app.deps import CurrentPrincipal, SessionDep, require_read, require_write
 from app.errors import AppError
 from app.models import INT32_MAX
-from app.models_troubleshooting import MAX_TRIAL_STEPS, TrialCreate, TrialPublic, TrialsPublic, TrialStatus
+from app.models_troubleshooting import MAX_TRIAL_STEPS, TRIAL_TERMINAL, TrialCreate, TrialPublic, TrialsPublic
 from app.routes.pages import CSRF, FormState, PageUser, page_context, redirect, require_page_write
 from app.routes.params import Limit, Offset
 from app.services import trials as service
@@ -30,16 +32,14 @@ router = APIRouter(prefix="/api/trials", tags=["trials"])
 pages = APIRouter(tags=["pages"], include_in_schema=False)
 Read, Write = [Depends(require_read)], [Depends(require_write)]
 TrialId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A trial's id.")]
-TERMINAL = (TrialStatus.succeeded.value, TrialStatus.failed.value)
+TERMINAL = TRIAL_TERMINAL
 
 
 def get_trial_starter(request: Request) -> Callable[[int], Any]:
-    """How a new trial starts: a background thread, on the Ray launcher's cluster when one is attached."""
-    app = request.app
-    launcher = app.state.launcher
-    connect = getattr(launcher, "connect", None) or service.connect_local_ray
-    roots = list(app.state.settings.MODEL_ROOTS)
-    return lambda trial_id: service.start_in_thread(app.state.engine, trial_id, model_roots=roots, connect=connect)
+    """What follows a new trial: the scheduler is woken (the trial starts in the engine host when its ranks
+    are free; with no Ray launcher attached it stays queued)."""
+    wake = getattr(request.app.state.launcher, "wake", None)
+    return lambda trial_id: wake.set() if wake is not None else None
 
 
 TrialStarter = Annotated[Callable[[int], Any], Depends(get_trial_starter)]
@@ -79,6 +79,14 @@ def get_trial(session: SessionDep, trial_id: TrialId) -> TrialPublic:
     return TrialPublic.model_validate(service.get_trial(session, trial_id=trial_id), from_attributes=True)
 
 
+@router.post("/{trial_id}/cancel", response_model=TrialPublic, dependencies=Write)
+def cancel_trial(request: Request, session: SessionDep, trial_id: TrialId) -> TrialPublic:
+    """Cancel a queued trial at once, or ask a running one's job to stop (it then ends ``cancelled``);
+    409 when it has ended already."""
+    trial = service.cancel_trial(session, trial_id=trial_id, launcher=request.app.state.launcher)
+    return TrialPublic.model_validate(trial, from_attributes=True)
+
+
 # --------------------------------------------------------------------------------------------
 # Pages
 
@@ -96,6 +104,14 @@ def trial_page(request: Request, trial_id: int, _: PageUser, session: SessionDep
     trial = service.get_trial(session, trial_id=trial_id)
     return render(request, "trial.html", {**page_context(request), "trial": trial,
                                           "terminal": trial.status in TERMINAL}, block="result")
+
+
+@pages.post("/trials/{trial_id}/cancel", dependencies=CSRF)
+async def cancel_trial_page(request: Request, trial_id: int, principal: PageUser, session: SessionDep) -> Response:
+    """The trial page's Cancel button."""
+    require_page_write(principal)
+    await run_in_threadpool(service.cancel_trial, session, trial_id=trial_id, launcher=request.app.state.launcher)
+    return redirect(f"/trials/{trial_id}")
 
 
 @pages.post("/trials/from-form", dependencies=CSRF)

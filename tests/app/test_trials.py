@@ -4,16 +4,20 @@ sdpa on the tiny model, through Ray), stored results compared side by side, the 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlmodel import Session
 
 from app.models_troubleshooting import Trial, TrialCreate, TrialStatus
 from app.routes.trials import get_trial_starter
 from app.services import trials as trials_service
+from app.services.ray_runtime import HEAD_RECORD, HeadRecord, pid_alive, stop_head
 from tests.app.factories import tiny_spec
 from tests.app.pages_support import csrf_of, login, soup
+from tests.app.service_support import AppProcess, app_env, ray_env, token_headers
 from worker.core.environment import PROFILES
 from worker.engine.trial import Column, StepFigures, TrialResult, recommend
 
@@ -116,59 +120,143 @@ def test_the_run_form_starts_a_trial(api, client, session):
 # A real trial through the API
 
 
+def test_a_queued_trial_is_cancelled_at_once_and_an_ended_one_cannot_be(client, write_headers):
+    trial = client.post("/api/trials", json={"spec": TRIAL_SPEC, "implementations": ["eager"]}, headers=write_headers)
+    assert trial.status_code == 202 and trial.json()["status_reason"] == trials_service.QUEUED
+    trial_id = trial.json()["id"]
+    resp = client.post(f"/api/trials/{trial_id}/cancel", headers=write_headers)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert (body["status"], body["status_reason"], body["cancel_requested"]) == ("cancelled", "cancelled before it "
+                                                                                 "started", True)
+    again = client.post(f"/api/trials/{trial_id}/cancel", headers=write_headers)
+    assert again.status_code == 409
+    error = again.json()["error"]
+    assert (error["field"], error["value"]) == ("status", "cancelled") and "only queued or running" in error["message"]
+    assert client.post("/api/trials/999999/cancel", headers=write_headers).status_code == 404
+
+
+def test_the_trial_page_says_what_it_waits_for_and_cancels(client, session):
+    csrf = login(client, session, ["read", "write"])
+    trial = trials_service.create_trial(session, data=TrialCreate(spec=TRIAL_SPEC), author="t")
+    trial.status_reason = "waiting for 2 CPU (0 free of 2)"
+    session.add(trial)
+    session.commit()
+    page = soup(client.get(f"/trials/{trial.id}").text)
+    assert page.select_one(".trial-status-reason").text == "waiting for 2 CPU (0 free of 2)"
+    form = page.select_one(f"form[action='/trials/{trial.id}/cancel']")
+    assert form.select_one("#cancel-trial") is not None
+    resp = client.post(f"/trials/{trial.id}/cancel", data={"csrf_token": csrf}, follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"] == f"/trials/{trial.id}"
+    after = soup(client.get(f"/trials/{trial.id}").text)
+    assert after.select_one("#result")["data-status"] == "cancelled" and after.select_one("#cancel-trial") is None
+
+
+def _progress(state: str, reason: str, **extra: Any) -> dict[str, Any]:
+    return {"state": state, "reason": reason, "result": None, "error": None, "terminal": state in
+            ("succeeded", "failed", "cancelled"), **extra}
+
+
+@pytest.mark.parametrize("steps,expected", [
+    ([_progress("queued", "submitted to the engine host")], ("queued", "submitted to the engine host", False, False)),
+    ([_progress("running", "measuring sdpa (1 of 2, 2 steps)")], ("running", "measuring sdpa (1 of 2, 2 steps)", True,
+                                                                   False)),
+    ([_progress("running", "x"), _progress("failed", "no implementation completed the trial (sdpa failed: boom)",
+                                           error="no implementation completed the trial (sdpa failed: boom)")],
+     ("failed", "no implementation completed the trial (sdpa failed: boom)", True, True)),
+    ([_progress("cancelled", "cancelled by the user")], ("cancelled", "cancelled by the user", True, True)),
+])
+def test_a_jobs_progress_is_written_into_the_trial_row(steps, expected):
+    trial = Trial(name="t", spec=TRIAL_SPEC, implementations=["sdpa", "eager"], steps=2, author="t")
+    for progress in steps:
+        assert trials_service.apply_progress(trial, progress)
+    assert (trial.status, trial.status_reason, trial.started_at is not None, trial.finished_at is not None) == expected
+    assert trial.error == steps[-1].get("error")
+    assert not trials_service.apply_progress(trial, steps[-1])  # the same progress again changes nothing
+
+
+def torch_in_process(pid: int) -> list[str]:
+    """The torch libraries mapped into a live process (``/proc/<pid>/maps``): empty when it never imported
+    torch (an import maps ``libtorch*.so`` and ``torch/_C*.so`` and cannot unmap them)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return sorted({line.split()[-1] for line in maps.splitlines() if "libtorch" in line or "/torch/_C" in line})
+
+
 @pytest.mark.ray
-def test_cpu_trial_through_the_api(client, write_headers, db_backend, local_ray):
+def test_cpu_trial_through_the_served_app_on_the_engine(tmp_path, db_backend):
+    """The real app (``attnboard serve``, embedded Ray, one warm rank) runs a trial as a job of its engine
+    host end to end; the app's own process never imports torch (the steps, the probe and the parity check
+    all run on ranks)."""
     if db_backend != "sqlite":
         pytest.skip("the engine trial runs once, on SQLite")
-    resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC,
-                                            "implementations": ["eager", "sdpa", "flash_attention_2"],
-                                            "steps": 2}, headers=write_headers)  # no environment: probed on Ray
-    assert resp.status_code == 202, resp.text
-    trial_id = resp.json()["id"]
-    deadline = time.monotonic() + 600
-    trial = resp.json()
-    while trial["status"] in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(1.0)
-        trial = client.get(f"/api/trials/{trial_id}").json()
-    assert trial["status"] == "succeeded", trial["error"]
-    result = TrialResult.from_dict(trial["result"])
-    assert (result.environment["name"], result.environment["device"]) == ("probed node", "cpu")
-    assert [c.implementation for c in result.columns] == ["eager", "sdpa", "flash_attention_2"]
-    fa2 = result.column("flash_attention_2")  # the probed CPU node cannot load it: skipped with the reason
-    assert fa2.status == "skipped" and "flash-attn" in fa2.reason
-    for impl in ("eager", "sdpa"):
-        column = result.column(impl)
-        assert column.status == "ok", column.reason
-        assert [s.step for s in column.steps] == [1, 2]
-        assert column.tokens_per_s > 0 and column.step_time_s > 0 and column.peak_memory_mb > 0
-        assert set(column.observed.values()) == {impl}  # every role's first forward ran this kernel
-        assert column.parity_max_abs_diff <= result.tolerance and column.parity_ok
-    # The spec computes in verl's default bf16: parity is checked in bf16, with bf16's tolerance (the tiny
-    # model's logits are below 1, so 32 bf16 ulps at scale 1).
-    assert result.tolerance == pytest.approx(32 * 2.0**-7)
-    assert result.column("eager").parity_max_abs_diff == 0.0
-    assert TrialResult.from_dict(result.as_dict()) == result
-    assert result.recommendation.implementation in ("eager", "sdpa")
-    assert "ms per step" in result.recommendation.reason
-    page = soup(client.get(f"/trials/{trial_id}").text)
-    assert page.select_one("p.recommendation")["data-recommended"] == result.recommendation.implementation
+    db_url = f"sqlite:///{tmp_path / 'attnboard.db'}"
+    served = AppProcess(app_env(ray_env(None), data_dir=tmp_path / "data", database_url=db_url, num_cpus=2),
+                        log=tmp_path / "app.log").start()
+    try:
+        assert served.proc is not None
+        client = httpx.Client(base_url=served.url, headers=token_headers(db_url), timeout=60)
+        resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC,
+                                                "implementations": ["eager", "sdpa", "flash_attention_2"],
+                                                "steps": 2})  # no environment: probed on a rank
+        assert resp.status_code == 202, resp.text
+        trial_id = resp.json()["id"]
+        deadline = time.monotonic() + 600
+        trial = resp.json()
+        while trial["status"] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(1.0)
+            trial = client.get(f"/api/trials/{trial_id}").json()
+        assert trial["status"] == "succeeded", (trial["error"], served.tail())
+        assert trial["engine_job"] == f"attnboard-trial-{trial_id}"
+        assert trial["status_reason"] == ("eager, sdpa completed; flash_attention_2 skipped: "
+                                          + trial["result"]["columns"][2]["reason"])
+        result = TrialResult.from_dict(trial["result"])
+        assert (result.environment["name"], result.environment["device"]) == ("probed node", "cpu")
+        assert [c.implementation for c in result.columns] == ["eager", "sdpa", "flash_attention_2"]
+        fa2 = result.column("flash_attention_2")  # the probed CPU node cannot load it: skipped with the reason
+        assert fa2.status == "skipped" and "flash-attn" in fa2.reason
+        for impl in ("eager", "sdpa"):
+            column = result.column(impl)
+            assert column.status == "ok", column.reason
+            assert [s.step for s in column.steps] == [1, 2]
+            assert column.tokens_per_s > 0 and column.step_time_s > 0 and column.peak_memory_mb > 0
+            assert set(column.observed.values()) == {impl}  # every role's first forward ran this kernel
+            assert column.parity_max_abs_diff <= result.tolerance and column.parity_ok
+        # The spec computes in verl's default bf16: parity is checked in bf16, with bf16's tolerance (the tiny
+        # model's logits are below 1, so 32 bf16 ulps at scale 1).
+        assert result.tolerance == pytest.approx(32 * 2.0**-7)
+        assert result.column("eager").parity_max_abs_diff == 0.0
+        assert TrialResult.from_dict(result.as_dict()) == result
+        assert result.recommendation.implementation in ("eager", "sdpa")
+        assert "ms per step" in result.recommendation.reason
+        assert torch_in_process(served.proc.pid) == []
+        assert client.post(f"/api/trials/{trial_id}/cancel").status_code == 409  # it has ended
+    finally:
+        served.stop()
+        record = HeadRecord.load(tmp_path / "data" / HEAD_RECORD)
+        if record is not None and pid_alive(record.pid):
+            stop_head(record.pid)
 
 
-def test_trials_a_stopped_app_left_running_end_failed_at_start_up(db_url):
-    """No trial stays non-terminal after the process that ran it is gone."""
+def test_at_start_up_only_trials_that_ran_inside_an_old_app_end_failed(db_url):
+    """No trial stays non-terminal after the process that ran it is gone: a trial ``running`` without a job
+    in the engine host ran in an old app's thread and is failed at start-up; a queued trial waits for the
+    scheduler, and one with a job is followed by the supervisor (its host outlives the app)."""
     from fastapi.testclient import TestClient
     from sqlmodel import Session
 
     from app.db import make_engine
     from app.main import create_app
     from app.models_troubleshooting import Trial, TrialStatus
-    from app.services.trials import ORPHANED
+    from app.services.trials import LEGACY_ORPHANED
     from tests.app.factories import tiny_spec
 
     engine = make_engine(db_url)
     with Session(engine) as session:
-        rows = [Trial(name=f"t{i}", status=s, spec=tiny_spec(), implementations=["eager"], steps=1, author="test")
-                for i, s in enumerate([TrialStatus.queued.value, TrialStatus.running.value, TrialStatus.succeeded.value])]
+        rows = [Trial(name=f"t{i}", status=s, spec=tiny_spec(), implementations=["eager"], steps=1, author="test",
+                      engine_job=job)
+                for i, (s, job) in enumerate([(TrialStatus.queued.value, None), (TrialStatus.running.value, None),
+                                              (TrialStatus.succeeded.value, None),
+                                              (TrialStatus.running.value, "attnboard-trial-4")])]
         session.add_all(rows)
         session.commit()
         ids = [r.id for r in rows]
@@ -179,5 +267,5 @@ def test_trials_a_stopped_app_left_running_end_failed_at_start_up(db_url):
     with Session(engine) as session:
         statuses = [(session.get(Trial, i).status, session.get(Trial, i).error) for i in ids]
     engine.dispose()
-    assert statuses[:2] == [(TrialStatus.failed.value, ORPHANED)] * 2
-    assert statuses[2][0] == TrialStatus.succeeded.value
+    assert statuses[1] == (TrialStatus.failed.value, LEGACY_ORPHANED)
+    assert [s for s, _ in statuses] == ["queued", "failed", "succeeded", "running"]
