@@ -127,8 +127,12 @@ async def trial_from_form(request: Request, principal: PageUser, session: Sessio
     if not steps_text.isdigit() or not 1 <= int(steps_text) <= MAX_TRIAL_STEPS:
         raise AppError(422, "invalid_request", f"trial_steps: {steps_text!r} must be a whole number from 1 to "
                        f"{MAX_TRIAL_STEPS}", field="trial_steps", value=steps_text, valid=f"1 to {MAX_TRIAL_STEPS}")
+    implementations = form.get("trial_implementations", []) if form.get("trial_choice") else list(FALLBACK_CHAIN)
+    if not implementations:
+        raise AppError(422, "invalid_request", "trial_implementations: none ticked; tick at least one of "
+                       f"{', '.join(FALLBACK_CHAIN)}", field="trial_implementations", value=[], valid=list(FALLBACK_CHAIN))
     data = TrialCreate(name=f"trial: {state.name or state.spec.trainer.experiment_name}"[:200],
-                       spec=state.spec.model_dump(mode="json"), implementations=list(FALLBACK_CHAIN),
+                       spec=state.spec.model_dump(mode="json"), implementations=implementations,
                        steps=int(steps_text), environment=None)  # a trial measures the node it runs on
     trial = await run_in_threadpool(service.create_trial, session, data=data, author=principal.name)
     start(trial.id)

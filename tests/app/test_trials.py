@@ -105,7 +105,8 @@ def test_the_run_form_starts_a_trial(api, client, session):
     data.update({sel["name"]: (sel.select_one("option[selected]") or sel.select_one("option"))["value"]
                  for sel in form.select("#run-form select[name]")})
     data.update({"csrf_token": csrf, "trial_steps": "2", "name": "form trial"})
-    resp = client.post("/trials/from-form", data=data, follow_redirects=False)
+    ticked = [el["value"] for el in form.select("#run-form input[name='trial_implementations'][checked]")]
+    resp = client.post("/trials/from-form", data={**data, "trial_implementations": ticked}, follow_redirects=False)
     assert resp.status_code == 303, resp.text
     trial = client.get(f"/api/trials/{started[0]}").json()
     assert resp.headers["location"] == f"/trials/{trial['id']}"
@@ -113,6 +114,12 @@ def test_the_run_form_starts_a_trial(api, client, session):
     assert trial["implementations"] == ["flash_attention_2", "sdpa", "eager"]
     bad = client.post("/trials/from-form", data={**data, "trial_steps": "0"}, follow_redirects=False)
     assert bad.status_code == 422
+    none = client.post("/trials/from-form", data=data, follow_redirects=False)  # every implementation unticked
+    assert none.status_code == 422 and "trial_implementations: none ticked" in none.text
+    two = client.post("/trials/from-form", data={**data, "trial_implementations": ["sdpa", "eager"]},
+                      follow_redirects=False)
+    assert two.status_code == 303 and client.get(f"/api/trials/{started[-1]}").json()["implementations"] == ["sdpa",
+                                                                                                           "eager"]
     assert csrf_of(client.get(f"/trials/{trial['id']}").text) == csrf
 
 

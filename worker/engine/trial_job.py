@@ -19,6 +19,7 @@ measures the rest; the parity check runs again over all that completed.
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +34,10 @@ from worker.engine.ranks import RankSource
 from worker.engine.trial import Column, outcome, run_trial
 from worker.spec import parse_spec
 
+RANKS_BACK_TIMEOUT_S = 60.0
+"""Ranks the previous implementation let go of are killed asynchronously: Ray counts their CPUs (GPUs) as
+free a moment later. The next implementation waits this long for them (the queue reserved them for the
+trial) before its trainer checks the resources itself and fails naming both numbers."""
 CANCEL_GRACE_S = 10.0
 """A cancel lets the implementation being measured stop at its next call boundary this long (the trainer's
 own cancel then gives calls in flight their grace), then kills its ranks."""
@@ -192,6 +197,7 @@ class TrialJob:
         from worker.engine.events import EventLog
 
         self._check()
+        self._wait_for_ranks(spec.trainer.device, spec.world_size)
         implementation = run_id.removeprefix(f"trial{self.trial_id}-")
         position = self.implementations.index(implementation) + 1 if implementation in self.implementations else 0
         log = EventLog(run_id, on_event)
@@ -211,6 +217,24 @@ class TrialJob:
                 self._trainer = None
         self._check()
         return state
+
+    def _wait_for_ranks(self, device: str, world: int) -> None:
+        """Until Ray (with the pool's idle ranks) has room for ``world`` ranks again, or ``RANKS_BACK_TIMEOUT_S``."""
+        from worker.engine.dispatch import ResourceError, check_resources
+
+        deadline = time.monotonic() + RANKS_BACK_TIMEOUT_S
+        while True:
+            available = dict(ray.available_resources())
+            for key, amount in self.ranks.idle_resources().items():
+                available[key] = available.get(key, 0.0) + amount
+            try:
+                check_resources(device=device, world=world, available=available)
+                return
+            except ResourceError:
+                if time.monotonic() > deadline:
+                    return  # the trainer checks again and fails naming the numbers
+            self._check()
+            time.sleep(0.2)
 
     def _parity(self, folder: Path | str, implementations: Sequence[str], *, device: str, dtype: str) -> Parity:
         """``run_trial``'s parity check, on a rank (``device`` is the rank's own)."""
