@@ -3,6 +3,8 @@ sdpa on the tiny model, through Ray), stored results compared side by side, the 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from app.services import trials as trials_service
 from app.services.ray_runtime import HEAD_RECORD, HeadRecord, pid_alive, stop_head
 from tests.app.factories import tiny_spec
 from tests.app.pages_support import csrf_of, login, soup
-from tests.app.service_support import AppProcess, app_env, ray_env, token_headers
+from tests.app.service_support import AppProcess, app_env, ray_env, ray_query, token_headers
 from worker.core.environment import PROFILES
 from worker.engine.trial import Column, StepFigures, TrialResult, recommend
 
@@ -189,59 +191,98 @@ def torch_in_process(pid: int) -> list[str]:
     return sorted({line.split()[-1] for line in maps.splitlines() if "libtorch" in line or "/torch/_C" in line})
 
 
-@pytest.mark.ray
-def test_cpu_trial_through_the_served_app_on_the_engine(tmp_path, db_backend):
-    """The real app (``attnboard serve``, embedded Ray, one warm rank) runs a trial as a job of its engine
-    host end to end; the app's own process never imports torch (the steps, the probe and the parity check
-    all run on ranks)."""
-    if db_backend != "sqlite":
-        pytest.skip("the engine trial runs once, on SQLite")
-    db_url = f"sqlite:///{tmp_path / 'attnboard.db'}"
-    served = AppProcess(app_env(ray_env(None), data_dir=tmp_path / "data", database_url=db_url, num_cpus=2),
-                        log=tmp_path / "app.log").start()
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    """The real app (``attnboard serve``) on the embedded default: its own Ray head with 2 CPUs, one warm rank."""
+    data = tmp_path_factory.mktemp("served-trials")
+    db_url = f"sqlite:///{data / 'attnboard.db'}"
+    app = AppProcess(app_env(ray_env(None), data_dir=data / "data", database_url=db_url, num_cpus=2),
+                     log=data / "app.log").start()
     try:
-        assert served.proc is not None
-        client = httpx.Client(base_url=served.url, headers=token_headers(db_url), timeout=60)
-        resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC,
-                                                "implementations": ["eager", "sdpa", "flash_attention_2"],
-                                                "steps": 2})  # no environment: probed on a rank
-        assert resp.status_code == 202, resp.text
-        trial_id = resp.json()["id"]
-        deadline = time.monotonic() + 600
-        trial = resp.json()
-        while trial["status"] in ("queued", "running") and time.monotonic() < deadline:
-            time.sleep(1.0)
-            trial = client.get(f"/api/trials/{trial_id}").json()
-        assert trial["status"] == "succeeded", (trial["error"], served.tail())
-        assert trial["engine_job"] == f"attnboard-trial-{trial_id}"
-        assert trial["status_reason"] == ("eager, sdpa completed; flash_attention_2 skipped: "
-                                          + trial["result"]["columns"][2]["reason"])
-        result = TrialResult.from_dict(trial["result"])
-        assert (result.environment["name"], result.environment["device"]) == ("probed node", "cpu")
-        assert [c.implementation for c in result.columns] == ["eager", "sdpa", "flash_attention_2"]
-        fa2 = result.column("flash_attention_2")  # the probed CPU node cannot load it: skipped with the reason
-        assert fa2.status == "skipped" and "flash-attn" in fa2.reason
-        for impl in ("eager", "sdpa"):
-            column = result.column(impl)
-            assert column.status == "ok", column.reason
-            assert [s.step for s in column.steps] == [1, 2]
-            assert column.tokens_per_s > 0 and column.step_time_s > 0 and column.peak_memory_mb > 0
-            assert set(column.observed.values()) == {impl}  # every role's first forward ran this kernel
-            assert column.parity_max_abs_diff <= result.tolerance and column.parity_ok
-        # The spec computes in verl's default bf16: parity is checked in bf16, with bf16's tolerance (the tiny
-        # model's logits are below 1, so 32 bf16 ulps at scale 1).
-        assert result.tolerance == pytest.approx(32 * 2.0**-7)
-        assert result.column("eager").parity_max_abs_diff == 0.0
-        assert TrialResult.from_dict(result.as_dict()) == result
-        assert result.recommendation.implementation in ("eager", "sdpa")
-        assert "ms per step" in result.recommendation.reason
-        assert torch_in_process(served.proc.pid) == []
-        assert client.post(f"/api/trials/{trial_id}/cancel").status_code == 409  # it has ended
+        with httpx.Client(base_url=app.url, headers=token_headers(db_url), timeout=60) as client:
+            yield app, client, data / "data"
     finally:
-        served.stop()
-        record = HeadRecord.load(tmp_path / "data" / HEAD_RECORD)
+        app.stop()
+        record = HeadRecord.load(data / "data" / HEAD_RECORD)
         if record is not None and pid_alive(record.pid):
             stop_head(record.pid)
+
+
+def wait_for_trial(client: httpx.Client, trial_id: int, predicate, *, timeout: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    trial = client.get(f"/api/trials/{trial_id}").json()
+    while not predicate(trial) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        trial = client.get(f"/api/trials/{trial_id}").json()
+    return trial
+
+
+@pytest.mark.ray
+def test_cpu_trial_through_the_served_app_on_the_engine(served):
+    """The real app runs a trial as a job of its engine host end to end; the app's own process never
+    imports torch (the steps, the probe and the parity check all run on ranks)."""
+    app, client, _ = served
+    assert app.proc is not None
+    resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC,
+                                            "implementations": ["eager", "sdpa", "flash_attention_2"],
+                                            "steps": 2})  # no environment: probed on a rank
+    assert resp.status_code == 202, resp.text
+    trial_id = resp.json()["id"]
+    trial = wait_for_trial(client, trial_id, lambda t: t["status"] not in ("queued", "running"))
+    assert trial["status"] == "succeeded", (trial["error"], app.tail())
+    assert trial["engine_job"] == f"attnboard-trial-{trial_id}"
+    assert trial["status_reason"] == ("eager, sdpa completed; flash_attention_2 skipped: "
+                                      + trial["result"]["columns"][2]["reason"])
+    result = TrialResult.from_dict(trial["result"])
+    assert (result.environment["name"], result.environment["device"]) == ("probed node", "cpu")
+    assert [c.implementation for c in result.columns] == ["eager", "sdpa", "flash_attention_2"]
+    fa2 = result.column("flash_attention_2")  # the probed CPU node cannot load it: skipped with the reason
+    assert fa2.status == "skipped" and "flash-attn" in fa2.reason
+    for impl in ("eager", "sdpa"):
+        column = result.column(impl)
+        assert column.status == "ok", column.reason
+        assert [s.step for s in column.steps] == [1, 2]
+        assert column.tokens_per_s > 0 and column.step_time_s > 0 and column.peak_memory_mb > 0
+        assert set(column.observed.values()) == {impl}  # every role's first forward ran this kernel
+        assert column.parity_max_abs_diff <= result.tolerance and column.parity_ok
+    # The spec computes in verl's default bf16: parity is checked in bf16, with bf16's tolerance (the tiny
+    # model's logits are below 1, so 32 bf16 ulps at scale 1).
+    assert result.tolerance == pytest.approx(32 * 2.0**-7)
+    assert result.column("eager").parity_max_abs_diff == 0.0
+    assert TrialResult.from_dict(result.as_dict()) == result
+    assert result.recommendation.implementation in ("eager", "sdpa")
+    assert "ms per step" in result.recommendation.reason
+    assert torch_in_process(app.proc.pid) == []
+    assert client.post(f"/api/trials/{trial_id}/cancel").status_code == 409  # it has ended
+
+
+@pytest.mark.ray
+def test_a_trial_whose_engine_host_dies_is_restarted_or_failed_with_the_cause(served):
+    """Two trials run side by side (1 CPU each); the engine host is SIGKILLed: the one that may not restart
+    (``attnboard.max_restarts: 0``) fails naming the host, the other starts again in a new host and ends."""
+    app, client, data = served
+    ids = [client.post("/api/trials", json={"name": name, "spec": {**TRIAL_SPEC, "attnboard.max_restarts": limit},
+                                            "implementations": ["eager", "sdpa"], "steps": 20,
+                                            "environment": "cpu"}).json()["id"] for name, limit in (("once", 0),
+                                                                                                  ("again", 2))]
+    for trial_id in ids:
+        trial = wait_for_trial(client, trial_id, lambda t: (t["status_reason"] or "").startswith("measuring"),
+                               timeout=300)
+        assert trial["status"] == "running", (trial, app.tail())
+    record = HeadRecord.load(data / HEAD_RECORD)
+    assert record is not None
+    hosts = ray_query(record.address, ray_env(None))["hosts"]
+    (name, host_pid), = hosts.items()
+    os.kill(host_pid, signal.SIGKILL)
+
+    once = wait_for_trial(client, ids[0], lambda t: t["status"] not in ("queued", "running"), timeout=120)
+    assert once["status"] == "failed" and once["restarts"] == 0, once
+    assert once["status_reason"].startswith(f"the engine host is gone: trial job attnboard-trial-{ids[0]} ")
+    assert once["error"] == once["status_reason"]
+    again = wait_for_trial(client, ids[1], lambda t: t["status"] not in ("queued", "running"))
+    assert again["status"] == "succeeded" and again["restarts"] == 1, (again, app.tail())
+    assert [c["status"] for c in again["result"]["columns"]] == ["ok", "ok"]
+    assert ray_query(record.address, ray_env(None))["hosts"].get(name) not in (None, host_pid)  # a new host
 
 
 def test_at_start_up_only_trials_that_ran_inside_an_old_app_end_failed(db_url):
