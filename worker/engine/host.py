@@ -15,6 +15,9 @@ the host); the app starts each of them again in a new host from its newest compl
 its ``attnboard.max_restarts`` allows (``submit`` with a ``continuation``), and marks the others failed.
 
 A run stays in the host until the app acknowledged all its events after it finished (``ack``).
+
+Attention trials are jobs of the host too (``submit_trial``, ``worker.engine.trial_job``): on a thread each,
+with the same rank pool; the app reads ``trial_progress``, stores it, and ``ack_trial`` forgets a finished one.
 """
 
 from __future__ import annotations
