@@ -155,6 +155,8 @@ def test_the_trial_page_says_what_it_waits_for_and_cancels(client, session):
     assert page.select_one(".trial-status-reason").text == "waiting for 2 CPU (0 free of 2)"
     form = page.select_one(f"form[action='/trials/{trial.id}/cancel']")
     assert form.select_one("#cancel-trial") is not None
+    listed = soup(client.get("/trials").text).select_one(f"tr[data-trial='{trial.id}'] .status-reason")
+    assert listed.text == "waiting for 2 CPU (0 free of 2)"
     resp = client.post(f"/trials/{trial.id}/cancel", data={"csrf_token": csrf}, follow_redirects=False)
     assert resp.status_code == 303 and resp.headers["location"] == f"/trials/{trial.id}"
     after = soup(client.get(f"/trials/{trial.id}").text)
