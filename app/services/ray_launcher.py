@@ -312,19 +312,6 @@ class RayLauncher:
         return bool(ray.get(self.host().submit_trial.remote(str(trial.id), engine_request(trial), self.model_roots,
                                                             done=done, attempt=attempt), timeout=LAUNCH_TIMEOUT_S))
 
-    def cancel_trial(self, trial: Trial) -> None:
-        """Ask the trial's job to stop (it ends ``cancelled`` and the pump stores it); when the host is gone,
-        the pump ends the trial cancelled itself."""
-        try:
-            self.connect()
-        except LauncherUnavailable:
-            log.warning("trial %s: cannot reach Ray to cancel it; the supervisor finishes it when Ray is back", trial.id)
-            return
-        host = self.find_host()
-        if host is not None:
-            host.cancel_trial.remote(str(trial.id), "cancelled by the user")
-        self.wake.set()
-
     def kill_trial(self, trial_id: int) -> None:
         """Stop the trial's job at once and drop it (a trial cancelled while it was being launched)."""
         import ray

@@ -36,6 +36,7 @@ log = logging.getLogger("attnboard.trials")
 DEFAULT_TRIAL_NAME = "attention trial"
 MAX_COMPARE = 8
 QUEUED = "queued: waiting for the scheduler"
+CANCELLING = "cancel requested; waiting for the engine host to stop it"
 HOST_CALL_TIMEOUT_S = 30.0
 RELAUNCH_PATIENCE_S = 60.0
 
@@ -86,24 +87,25 @@ def list_trials(session: Session, *, ids: Sequence[int] | None = None, limit: in
 
 
 def cancel_trial(session: Session, *, trial_id: int, launcher: Any = None) -> Trial:
-    """A queued trial (or one with no launcher to reach its job) ends ``cancelled`` at once; a started one
-    is asked to stop in the engine host and the pump stores its end (``cancelled``)."""
+    """A queued trial (or one with no Ray launcher to reach its job) ends ``cancelled`` at once; for a started
+    one the cancel is recorded and the supervisor is woken: its next pass asks the job to stop (``TrialPump``,
+    again after an app restart or once Ray is back) and stores its end (``cancelled``)."""
     trial = get_trial(session, trial_id=trial_id)
     if trial.status in TRIAL_TERMINAL:
         raise AppError(409, "invalid_transition", f"trial {trial_id} is already {trial.status}: only queued or running "
                        f"trials can be cancelled", field="status", value=trial.status, valid=["queued", "running"])
     trial.cancel_requested = True
-    stopper = getattr(launcher, "cancel_trial", None)
-    if trial.engine_job is None or stopper is None:
+    wake = getattr(launcher, "wake", None)  # the Ray launcher's: its supervisor reaches the engine host
+    if trial.engine_job is None or wake is None:
         why = "cancelled before it started" if trial.engine_job is None else "cancelled (no launcher attached)"
         trial.status, trial.status_reason, trial.finished_at = TrialStatus.cancelled.value, why, utcnow()
     else:
-        trial.status_reason = "cancel requested; waiting for the engine host to stop it"
+        trial.status_reason = CANCELLING
     session.add(trial)
     session.commit()
     session.refresh(trial)
-    if trial.engine_job is not None and stopper is not None and trial.status not in TRIAL_TERMINAL:
-        stopper(trial)
+    if wake is not None:
+        wake.set()
     return trial
 
 
@@ -149,7 +151,9 @@ def completed_columns(trial: Trial) -> list[dict[str, Any]]:
 def apply_progress(trial: Trial, progress: dict[str, Any]) -> bool:
     """Write a job's ``progress`` into the row (pure: no I/O) -> whether anything changed."""
     state = progress["state"]
-    values: dict[str, Any] = {"status_reason": progress.get("reason")}
+    values: dict[str, Any] = {}
+    if state in TRIAL_TERMINAL or not trial.cancel_requested:  # a pending cancel keeps saying so until it ends
+        values["status_reason"] = progress.get("reason")
     if state in TRIAL_TERMINAL or state == TrialStatus.running.value:
         values["status"] = state
     if progress.get("result") is not None:
@@ -174,6 +178,7 @@ class TrialPump:
     def __init__(self, launcher: Any):
         self.launcher = launcher
         self._relaunch_failing_since: dict[int, float] = {}
+        self._cancel_sent: set[int] = set()  # trials whose job this process asked to stop
 
     def tick(self, session: Session) -> bool:
         """One pass -> whether a trial changed."""
@@ -213,12 +218,17 @@ class TrialPump:
                 changed = True
             if progress["terminal"]:
                 host.ack_trial.remote(str(trial.id))
+                self._cancel_sent.discard(trial.id)
+            elif trial.cancel_requested and trial.id not in self._cancel_sent:
+                host.cancel_trial.remote(str(trial.id), "cancelled by the user")  # it answers once the job ended
+                self._cancel_sent.add(trial.id)
         return changed
 
     def _lost(self, session: Session, trial: Trial, why: str) -> bool:
         """A trial whose job is gone: started again in this app's engine host while ``attnboard.max_restarts``
         allows and no cancel is pending (the columns it measured are kept), else ended with the cause."""
         assert trial.id is not None
+        self._cancel_sent.discard(trial.id)
         limit = max_restarts_of(trial.spec)
         cause = f"the engine host is gone: trial job {job_name(trial.id)} {why}"
         if not trial.cancel_requested and trial.restarts < limit:

@@ -186,6 +186,15 @@ def test_a_jobs_progress_is_written_into_the_trial_row(steps, expected):
     assert not trials_service.apply_progress(trial, steps[-1])  # the same progress again changes nothing
 
 
+def test_a_pending_cancel_keeps_saying_so_until_the_job_ends():
+    trial = Trial(name="t", spec=TRIAL_SPEC, implementations=["sdpa"], steps=2, author="t", cancel_requested=True,
+                  status_reason=trials_service.CANCELLING)
+    assert trials_service.apply_progress(trial, _progress("running", "measuring sdpa (1 of 1, 2 steps)"))
+    assert (trial.status, trial.status_reason) == ("running", trials_service.CANCELLING)
+    assert trials_service.apply_progress(trial, _progress("cancelled", "cancelled by the user"))
+    assert (trial.status, trial.status_reason) == ("cancelled", "cancelled by the user")
+
+
 def torch_in_process(pid: int) -> list[str]:
     """The torch libraries mapped into a live process (``/proc/<pid>/maps``): empty when it never imported
     torch (an import maps ``libtorch*.so`` and ``torch/_C*.so`` and cannot unmap them)."""
@@ -256,6 +265,21 @@ def test_cpu_trial_through_the_served_app_on_the_engine(served):
     assert "ms per step" in result.recommendation.reason
     assert torch_in_process(app.proc.pid) == []
     assert client.post(f"/api/trials/{trial_id}/cancel").status_code == 409  # it has ended
+
+
+@pytest.mark.ray
+def test_a_running_trial_is_cancelled_through_the_api(served):
+    app, client, _ = served
+    trial_id = client.post("/api/trials", json={"name": "stop me", "spec": TRIAL_SPEC, "steps": 20,
+                                                "implementations": ["sdpa", "eager"], "environment": "cpu"}).json()["id"]
+    trial = wait_for_trial(client, trial_id, lambda t: (t["status_reason"] or "").startswith("measuring"), timeout=300)
+    assert trial["status"] == "running", (trial, app.tail())
+    asked = time.monotonic()
+    resp = client.post(f"/api/trials/{trial_id}/cancel")
+    assert resp.status_code == 200 and resp.json()["status_reason"] == trials_service.CANCELLING
+    trial = wait_for_trial(client, trial_id, lambda t: t["status"] != "running", timeout=60)
+    assert (trial["status"], trial["status_reason"]) == ("cancelled", "cancelled by the user"), app.tail()
+    assert time.monotonic() - asked < 30
 
 
 @pytest.mark.ray
