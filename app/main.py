@@ -24,6 +24,7 @@ from app.db import make_engine, run_migrations
 from app.errors import ERROR_RESPONSES, install_error_handlers
 from app.middleware import BodySizeLimit, DocsReadRule, LoginThrottle, NoNulInQuery, TrustedHosts, default_allowed_hosts
 from app.models import Run
+from app.models_troubleshooting import Trial
 from app.routes import (
     compare,
     health,
@@ -45,7 +46,7 @@ from app.services.feeds import RunFeeds
 from app.services.interop import import_calls
 from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
-from app.services.ray_launcher import ACTIVE, RayLauncher
+from app.services.ray_launcher import ACTIVE, TRIAL_ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
 from app.web import STATIC_DIR
 from worker.core.contract import host_name
@@ -145,6 +146,8 @@ def _stop_ray(app: FastAPI, supervisor: Supervisor) -> None:
     with Session(app.state.engine) as session:
         active = session.exec(select(func.count()).select_from(Run)
                               .where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).one()
+        active += session.exec(select(func.count()).select_from(Trial)  # trials run in the engine host too
+                               .where(col(Trial.status).in_(TRIAL_ACTIVE), col(Trial.engine_job).is_not(None))).one()
     if not active:
         supervisor.launcher.stop_host()
     supervisor.launcher.runtime.shutdown(active_runs=active)

@@ -1,4 +1,4 @@
-"""Helpers shared by the services: spec validation into AppErrors, pagination bounds."""
+"""Helpers shared by the services: spec validation into AppErrors, pagination bounds, restart limits."""
 
 from __future__ import annotations
 
@@ -36,3 +36,13 @@ def check_paths(session: Session, spec: RunSpec, *, prefix: str = "spec") -> Non
     issues = path_issues(spec, session.info.get(ROOTS) or Roots())
     if issues:
         raise AppError.from_spec_error(SpecError(issues), prefix=prefix)
+
+
+def max_restarts_of(spec: dict[str, Any]) -> int:
+    """``attnboard.max_restarts`` of a stored spec tree (its default when a spec stored before the key lacks it):
+    how often a run, or a trial, is started again after its engine host died."""
+    from worker.spec import AttnboardSection
+
+    value = (spec.get("attnboard") or {}).get("max_restarts") if isinstance(spec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else \
+        AttnboardSection.model_fields["max_restarts"].default
