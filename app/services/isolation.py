@@ -14,9 +14,11 @@ the same ``AppError``; any other exception as a 500-style ``RuntimeError`` namin
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +34,10 @@ START_TIMEOUT_S = 120.0
 
 
 def _serve(conn: Connection, preload: tuple[str, ...]) -> None:
-    """The child's loop: import ``preload``, say ready, then answer ``(module, function, kwargs)`` calls."""
+    """The child's loop: import ``preload``, say ready, then answer ``(module, function, kwargs)`` calls. It runs
+    at a lower priority (nice 10), so a slow parse yields the CPU to the server's own work on a busy machine."""
+    with contextlib.suppress(OSError):  # not permitted here: the child still runs apart from the app's GIL
+        os.nice(10)
     for name in preload:
         importlib.import_module(name)
     conn.send(("ready",))
