@@ -77,8 +77,10 @@ def test_preview_shows_what_verls_rollout_engine_runs_apart(client):
     rollout = rows["rollout"].select_one("td.under-verl")
     assert rollout.select_one("code").get_text(strip=True).startswith("vllm:")  # verl's default rollout engine
     assert "override_config does not reach it" in rollout.get_text(" ", strip=True)
-    for role in ("actor", "reference", "critic"):
-        assert rows[role].select_one("td.under-verl code") is None
+    for role in ("actor", "reference", "critic"):  # what verl's training engine (model_engine=dp) reads for the role
+        engine = rows[role].select_one("td.under-verl .verl-engine")
+        assert engine["data-engine"] == "dp" and engine.select_one(".verl-effective") is not None
+        assert engine.select_one("code.verl-key").get_text(strip=True).endswith(".override_config.attn_implementation")
     assert [th.get_text(strip=True) for th in page.select("#preview table.resolution thead th")][6] == "under verl"
 
 

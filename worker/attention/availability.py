@@ -53,6 +53,23 @@ class Rule(str, Enum):
     fallback_step = "fallback-step"
     strict = "strict"
     support_unknown = "architecture-support-unknown"
+    # verl's training engines (worker.attention.verl_engines)
+    verl_engine_key = "verl-engine-key"
+    verl_engine_rewrite = "verl-engine-rewrite"
+    verl_reference_inherits = "verl-reference-inherits"
+    verl_critic_honoured = "verl-critic-honoured"
+    verl_engine_refuses = "verl-engine-refuses"
+    verl_engine_ignores = "verl-engine-ignores"
+    attnboard_runs_dp = "attnboard-runs-dp"
+    rollout_engine_kwargs = "rollout-engine-kwargs"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One step of a resolution: a rule id (``Rule``) and one sentence."""
+
+    rule: str
+    text: str
 
 
 @dataclass(frozen=True)

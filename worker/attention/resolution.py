@@ -16,11 +16,12 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 
 from worker.attention import messages
-from worker.attention.availability import Context, ModelSupport, Rule, candidates, walk
+from worker.attention.availability import Context, ModelSupport, Reason, Rule, candidates, walk
 from worker.attention.rollout_engines import EngineChoice, engine_choice
+from worker.attention.verl_engines import EngineAttention, verl_engine_view
 from worker.core.environment import Environment
 from worker.core.implementations import DEFAULT_IMPL, base_impl, is_hub_kernel, is_valid_name
-from worker.spec import RunSpec, Strategy
+from worker.spec import PASSTHROUGH, RunSpec, Strategy, spec_to_flat
 
 __all__ = ["ROLES", "ModelSupport", "Reason", "Resolution", "RoleResolution", "Rule", "Status", "resolve"]
 
@@ -35,12 +36,6 @@ class Status(str, Enum):
 
 
 @dataclass(frozen=True)
-class Reason:
-    rule: str
-    text: str
-
-
-@dataclass(frozen=True)
 class RoleResolution:
     role: str
     requested: str
@@ -51,6 +46,7 @@ class RoleResolution:
     error: str | None = None  # the exact message transformers / the kernel would raise
     attempts: tuple[str, ...] = ()  # implementations tried in order, the effective one last
     under_verl: EngineChoice | None = None  # rollout with vllm/sglang/trtllm: the backend that engine runs under verl
+    verl_engine: EngineAttention | None = None  # actor/reference/critic: what verl's model_engine reads and runs
 
     @property
     def badge(self) -> str:
@@ -63,6 +59,7 @@ class Resolution:
     environment: str
     policy: str
     roles: dict[str, RoleResolution] = field(default_factory=dict)
+    model_engine: str = "dp"
 
     @property
     def ok(self) -> bool:
@@ -72,11 +69,13 @@ class Resolution:
         return {
             "environment": self.environment,
             "policy": self.policy,
+            "model_engine": self.model_engine,
             "ok": self.ok,
             "roles": {
                 name: {**asdict(r), "reasons": [asdict(x) for x in r.reasons], "attempts": list(r.attempts),
                        "badge": r.badge,
-                       "under_verl": {**asdict(r.under_verl), "effective": r.under_verl.effective} if r.under_verl else None}
+                       "under_verl": {**asdict(r.under_verl), "effective": r.under_verl.effective} if r.under_verl else None,
+                       "verl_engine": r.verl_engine.to_dict() if r.verl_engine else None}
                 for name, r in self.roles.items()
             },
         }
@@ -166,11 +165,14 @@ def resolve(
     *,
     actor_support: ModelSupport | None = None,
     critic_support: ModelSupport | None = None,
+    architecture: str | None = None,
 ) -> Resolution:
-    """Per role: requested, source, effective, status and ordered reasons (pure)."""
+    """Per role: requested, source, effective, status and ordered reasons (pure), and what verl's training engine
+    (``model_engine``) reads and runs for it (``verl_engine``; ``architecture``: the actor's model class, for
+    Automodel's Qwen/Llama rule)."""
     arr = spec.actor_rollout_ref
     section = "actor_rollout_ref.model.override_config"
-    out = Resolution(environment=env.name, policy=spec.attnboard.fallback_policy)
+    out = Resolution(environment=env.name, policy=spec.attnboard.fallback_policy, model_engine=spec.model_engine)
     actor_strategy = arr.actor.strategy
     shared = {"override_config": arr.model.override_config, "strategy": actor_strategy, "sp": spec.actor_sp,
               "support": actor_support}
@@ -196,7 +198,18 @@ def resolve(
                                         "(verl issue #5210: load_valuehead_model passes flash_attention_2 explicitly); "
                                         "attnboard applies it.")))
         out.roles["critic"] = critic
+    view = verl_engine_view(spec.model_engine, verl_keys(spec), device=env.device, has_critic=spec.has_critic,
+                            architecture=architecture or (actor_support.model_class if actor_support else None))
+    for role, engine in view.items():
+        out.roles[role] = replace(out.roles[role], verl_engine=engine)
     return out
+
+
+def verl_keys(spec: RunSpec) -> dict[str, object]:
+    """Every dotted key the spec sets, as verl reads it: modelled keys, override_config sub-keys and the
+    pass-through keys (without their ``+``)."""
+    flat = {k: v for k, v in spec_to_flat(spec).items() if not k.startswith(PASSTHROUGH + ".")}
+    return {**flat, **{k.lstrip("+"): v for k, v in spec.verl_passthrough.items()}}
 
 
 def _rollout(spec: RunSpec, env: Environment, actor: RoleResolution) -> RoleResolution:
@@ -207,7 +220,13 @@ def _rollout(spec: RunSpec, env: Environment, actor: RoleResolution) -> RoleReso
     reasons = [*actor.reasons,
                Reason(Rule.shared_section.value, "under attnboard, rollout generates with the actor's HF model and "
                                                  "weights: the actor's implementation.")]
-    choice = engine_choice(name, env, spec.precision("rollout")[0])
+    given = verl_keys(spec)
+    explicit = next((str(given[k]) for k in (f"actor_rollout_ref.rollout.engine_kwargs.{name}.{leaf}"
+                                             for leaf in ("attention_backend", "attn_backend")) if k in given), None)
+    choice = engine_choice(name, env, spec.precision("rollout")[0], explicit)
+    if choice is not None and explicit is not None:
+        reasons.append(Reason(Rule.rollout_engine_kwargs.value,
+                              f"{choice.setting}={explicit} is set: verl hands it to {name} as given."))
     if choice is not None:
         backend = (f"refuses to start ({choice.error})" if choice.error
                    else f"runs {choice.backend}" if choice.backend else "picks a backend attnboard cannot tell")

@@ -13,6 +13,7 @@ from worker.attention.resolution import ROLES, ModelSupport, Rule, resolve
 from worker.core.environment import PROFILES, Environment, UnknownProfileError, environment_from, get_profile
 from worker.core.implementations import BUILTIN_NAMES
 from worker.spec import parse_spec
+from worker.spec.engines import ModelEngine
 
 ACTOR_SECTION = "actor_rollout_ref.model.override_config"
 CRITIC_SECTION = "critic.model.override_config"
@@ -39,7 +40,8 @@ def sp_keys(role: str, strategy: str, sp: int) -> dict:
 
 
 def rules_of(result) -> list[str]:
-    return [r.rule for r in result.reasons]
+    """The rule ids of a role's reasons, and of what verl's training engine does with it (``verl_engine``)."""
+    return [r.rule for r in result.reasons] + [r.rule for r in (result.verl_engine.reasons if result.verl_engine else ())]
 
 
 CPU, T4, A100, H100, NPU = (PROFILES[n] for n in ("cpu", "cuda-sm75", "cuda-sm80-fa2", "cuda-sm90-fa2", "npu"))
@@ -279,7 +281,19 @@ def test_every_rule_is_exercised():
     spec = parse_spec({})
     spec.actor_rollout_ref.model.override_config["attn_implementation"] = "flsh"
     seen.update(rules_of(resolve(spec, CPU).roles["actor"]))
+    for engine in ModelEngine:  # verl's training engines (their table: tests/worker/attention/test_verl_engines.py)
+        for env in (CPU, H100):
+            engine_spec = parse_spec({"model_engine": engine.value, "actor_rollout_ref.rollout.name": "sglang",
+                                      "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+                                      "verl_passthrough": {"critic.veomni.attn_implementation": "sdpa",
+                                                           "+actor_rollout_ref.rollout.engine_kwargs.sglang."
+                                                           "attention_backend": "fa3"}})
+            seen.update(r for role in engine_spec_roles(engine_spec, env) for r in role)
     assert {r.value for r in Rule} - seen == set()
+
+
+def engine_spec_roles(spec, env) -> list[list[str]]:
+    return [rules_of(r) for r in resolve(spec, env).roles.values()]
 
 
 def test_to_dict_is_json_ready():
