@@ -12,6 +12,7 @@ from worker.attention import messages
 from worker.attention.resolution import ROLES, ModelSupport, Rule, resolve
 from worker.core.environment import PROFILES, Environment, UnknownProfileError, environment_from, get_profile
 from worker.core.implementations import BUILTIN_NAMES
+from worker.core.vocabulary import ModelInfo
 from worker.spec import parse_spec
 from worker.spec.engines import ModelEngine
 
@@ -289,6 +290,12 @@ def test_every_rule_is_exercised():
                                                            "+actor_rollout_ref.rollout.engine_kwargs.sglang."
                                                            "attention_backend": "fa3"}})
             seen.update(r for role in engine_spec_roles(engine_spec, env) for r in role)
+    # Kernel sources and head-dim limits (their table: tests/worker/attention/test_kernel_sources.py)
+    offline = dataclasses.replace(H100, flash_attn_version=None, kernels_installed=True, hub_reachable=False)
+    gemma = ModelInfo("Gemma4ForCausalLM", 8, 2, 2048, extra={"head_dim": 256, "global_head_dim": 512})
+    for env, attn, model in ((offline, "flash_attention_2", None), (H100, "flash_attention_2", gemma),
+                             (H100, "sdpa", gemma)):
+        seen.update(rules_of(resolve(role_spec("actor", attn), env, actor_model=model).roles["actor"]))
     assert {r.value for r in Rule} - seen == set()
 
 
