@@ -494,3 +494,36 @@ def test_a_launch_refuses_what_the_engine_does_not_run(client, write_headers):
     assert "attnboard's engine does not run adv_estimator rloo (verl does); it runs gae, grpo" in error["message"]
     saved = client.post("/api/specs", json={"name": "rloo", "spec": spec}, headers=write_headers)
     assert saved.status_code == 201  # a spec may hold it (preview, import and export accept it)
+
+
+VEOMNI_SCRIPT = """python3 -m verl.trainer.main_ppo model_engine=veomni algorithm.adv_estimator=gae \\
+    actor_rollout_ref.model.path=builtin:tiny-qwen2 critic.model.path=builtin:tiny-qwen2 \\
+    actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2 critic.veomni.attn_implementation=sdpa \\
+    +actor_rollout_ref.model.override_config.attn_implementation=eager \\
+    +critic.model.override_config.attn_implementation=eager \\
+    trainer.device=cpu trainer.n_gpus_per_node=1 trainer.total_training_steps=1 data.train_batch_size=4 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.train_files=builtin:count
+"""
+
+
+def test_a_veomni_script_shows_its_engine_on_the_form_the_preview_and_the_run_page(client, session):
+    csrf = login(client, session, ["read", "write"])
+    resp = client.post("/runs/import", data={"verl_text": VEOMNI_SCRIPT, "csrf_token": csrf},
+                       headers={"HX-Request": "true"})
+    assert resp.status_code == 200, resp.text
+    form = soup(resp.text)
+    assert form.select_one("select[name='model_engine'] option[selected]")["value"] == "veomni"
+    data = form_data(resp.text) | {"name": "veomni", "csrf_token": csrf}
+    preview = soup(client.post("/runs/preview", data=data, headers={"HX-Request": "true"}).text)
+    rows = {tr["data-role"]: tr for tr in preview.select("#preview table.resolution tbody tr")}
+    actor = rows["actor"].select_one("td.under-verl .verl-engine")
+    assert actor["data-engine"] == "veomni"
+    assert actor.select_one("code.verl-key").get_text(strip=True) == "actor_rollout_ref.actor.veomni.attn_implementation"
+    assert "verl-engine-rewrite" in [li["data-rule"] for li in actor.select("li")]
+    critic = rows["critic"].select_one("td.under-verl .verl-engine")
+    assert critic.select_one("code.verl-key").get_text(strip=True) == "critic.veomni.attn_implementation"
+    assert "attnboard-runs-dp" in [li["data-rule"] for li in critic.select("li")]
+    launched = client.post("/runs", data=data, follow_redirects=False)
+    assert launched.status_code == 303, launched.text
+    page = soup(client.get(launched.headers["location"]).text)
+    assert page.select_one("p.model-engine")["data-engine"] == "veomni"
