@@ -775,6 +775,9 @@ class _State:
     warnings: list[str] = field(default_factory=list)
     engine_strategies: dict[str, tuple[str, Word]] = field(default_factory=dict)
     """``strategy`` keys set to a non-dp engine's own strategy (``megatron``): checked against ``model_engine``."""
+    added_plus: set[str] = field(default_factory=set)
+    """Pass-through keys a command line added with ``+`` that some engine's config has: Hydra rejects the ``+``
+    under an engine whose config has the key."""
     set_bare: set[str] = field(default_factory=set)
     """Pass-through keys a command line set without ``+``: Hydra refuses those the chosen engine's config lacks."""
 
@@ -841,7 +844,7 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
     if kind in ("verl", "hydra", "unknown"):
         stored = ("+" if needs_plus(key) else "") + key
         if command_line and override.op == "add" and not needs_plus(key):
-            state.warn(f"verl rejects +{key}: the key exists in its default config; write {key}= or ++{key}=")
+            state.added_plus.add(key)  # whether verl rejects the + depends on model_engine: checked at the end
         if command_line and override.op == "set" and needs_plus(key):
             state.warn(f"verl needs +{key}: the key is not in its default config; the export adds the +")
         if override.op == "delete":
@@ -944,6 +947,9 @@ def _check_engine_strategies(state: _State, engine: str) -> None:
             raise VerlImportError(MEGATRON_MESSAGE.format(what=f"{key}={value}", engine=engine_name, version=VERL_VERSION),
                                   word.raw, word.position)
         state.warn(f"{key}={value} is model_engine={engine}'s own default: kept through model_engine")
+    for key in sorted(state.added_plus):
+        if not needs_plus(key, engine):
+            state.warn(f"verl rejects +{key}: the key exists in its default config; write {key}= or ++{key}=")
     for key in state.set_bare & set(state.passthrough):
         outside = key_outside_engine(key, engine)
         if outside:

@@ -821,3 +821,14 @@ def test_retired_keys_given_with_plus_are_passed_through_and_flagged() -> None:
     assert any(w.startswith("trainer.use_legacy_worker_impl is retired in verl 0.9.1: use model_engine")
                for w in result.warnings)
     assert any(w.startswith("actor_rollout_ref.rollout.mode is retired in verl 0.9.1") for w in result.warnings)
+
+
+@pytest.mark.parametrize("engine,rejected", [("dp", False), ("veomni", True)])
+def test_whether_verl_rejects_a_plus_depends_on_the_engine(engine, rejected) -> None:
+    """``+actor_rollout_ref.actor.veomni.attn_implementation``: Hydra adds it under dp (where nothing reads it) and
+    rejects the ``+`` under veomni, whose config has the key; the export writes the + exactly under dp."""
+    key = "actor_rollout_ref.actor.veomni.attn_implementation"
+    result = import_command(f"python3 -m verl.trainer.main_ppo model_engine={engine} +{key}=sdpa")
+    assert any(w.startswith(f"verl rejects +{key}") for w in result.warnings) == rejected
+    assert result.spec.verl_passthrough == {key: "sdpa"}
+    assert (f"+{key}=sdpa" in export_command(result.spec).text) == (engine == "dp")
