@@ -496,8 +496,8 @@ def _flash_version(ctx: _Context) -> Diagnosis:
                       summary=summary, return_when=when)
 
 
-HUB_FETCH_EVIDENCE = re.compile(r"from the `kernels` library instead|kernels-community/|huggingface\.co|"
-                                r"LocalEntryNotFoundError|HF_HUB_OFFLINE|hub_kernels\.py")
+HUB_FETCH_EVIDENCE = re.compile(r"from the `kernels` library instead|kernels-community/|We couldn't connect to '"
+                                r"https://huggingface\.co'|LocalEntryNotFoundError|HF_HUB_OFFLINE|hub_kernels\.py")
 """In an ImportError's traceback: transformers tried a Hub kernel (``worker.attention.kernel_sources``) first."""
 
 

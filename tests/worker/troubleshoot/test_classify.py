@@ -686,3 +686,10 @@ def test_a_flash_attn_import_error_after_a_failed_hub_fetch_names_the_hub():
     assert "HF_HUB_OFFLINE=1" in hub.remedy.sentence and hub.remedy.patch
     plain = classify(ErrorInfo("ImportError", message), EnvFacts("cuda", (9, 0)), role="actor")
     assert plain.category is Category.flash_attn_not_installed and "Hub" not in plain.summary
+
+
+def test_the_4x_message_naming_huggingface_docs_is_not_the_hub_case():
+    message = messages.flash_attn_not_installed(2, 4)  # "... refer to the documentation of https://huggingface.co/..."
+    diagnosis = classify(ErrorInfo("ImportError", message, f"Traceback ...\nImportError: {message}\n"),
+                         EnvFacts("cuda", (8, 0)), role="actor")
+    assert diagnosis.category is Category.flash_attn_not_installed and "Hub" not in diagnosis.summary
