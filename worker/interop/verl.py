@@ -60,6 +60,7 @@ from worker.spec.engines import (
     MODEL_ENGINE_KEY,
     RETIRED_CONFIGS,
     ModelEngine,
+    group_message,
     key_outside_engine,
     retired_message,
 )
@@ -749,7 +750,7 @@ writes it unescaped, so verl reads it as its own default and a spec at verl's de
 
 
 def _unknown_key_message(key: str) -> str:
-    retired = retired_message(key)
+    retired = retired_message(key) or group_message(key)
     if retired:
         return f"unknown key {key}: {retired}"
     near = nearest_key(key) or nearest_verl_key(key)

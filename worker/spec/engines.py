@@ -121,6 +121,22 @@ ROLLOUT_MODE_SYNC_ERROR = ("Rollout mode 'sync' has been removed. Please set `ac
                            "or remove the mode setting entirely.")
 
 
+SFT_GROUPS: dict[str, str] = {"engine": MODEL_ENGINE_KEY}
+"""Config groups of verl's SFT trainer (``sft_trainer_engine.yaml``: ``engine@engine: fsdp``) and the PPO trainer's
+group that plays their part: ``engine=automodel`` there is ``model_engine=automodel`` (newer verl) here."""
+
+
+def group_message(key: str) -> str | None:
+    """For an SFT trainer group given to verl's PPO trainer: the group to use instead, or None."""
+    ppo = SFT_GROUPS.get(key.split(".", 1)[0])
+    if ppo is None:
+        return None
+    group = key.split(".", 1)[0]
+    return (f"{group}=<name> is a config group of verl's SFT trainer (verl.trainer.sft_trainer), not of "
+            f"verl.trainer.main_ppo, whose Hydra refuses it; the PPO trainer chooses its engine with {ppo}=<name> "
+            f"({', '.join(e.value for e in ModelEngine)})")
+
+
 def retired_message(key: str) -> str | None:
     """One sentence for a retired key: what replaced it and why, or None for a current key."""
     retired = RETIRED.get(key)

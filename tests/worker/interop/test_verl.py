@@ -336,6 +336,9 @@ def test_engine_rollout_warning_text() -> None:
         ("python3 -m verl.trainer.main_ppo model_engine=veomni actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1",
          "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1",
          "belongs to the config of model_engine=dp or automodel, not veomni"),
+        ("python3 -m verl.trainer.main_ppo engine=automodel trainer.nnodes=1", "engine=automodel",
+         "unknown key engine: engine=<name> is a config group of verl's SFT trainer (verl.trainer.sft_trainer), not of "
+         "verl.trainer.main_ppo, whose Hydra refuses it; the PPO trainer chooses its engine with model_engine=<name>"),
         ("python3 -m verl.trainer.main_ppo trainer.use_legacy_worker_impl=auto", "trainer.use_legacy_worker_impl=auto",
          "unknown key trainer.use_legacy_worker_impl: trainer.use_legacy_worker_impl is retired in verl 0.9.1: use "
          "model_engine"),
