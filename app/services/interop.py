@@ -2,7 +2,9 @@
 
 The rules themselves live in the worker package (``worker.attention.resolution``, ``worker.interop.verl``); this module
 turns their exceptions into errors naming the field, the value and what is valid, and guards the YAML
-parser against alias bombs and runaway nesting before the text reaches it.
+parser against alias bombs and runaway nesting before the text reaches it. Every import of the app goes
+through ``import_spec`` (``POST /api/import`` and the new-run form's import), under the worker's limits
+(``MAX_INPUT_BYTES``, ``MAX_YAML_NODES``: one set, defined in ``worker.interop.verl``).
 """
 
 from __future__ import annotations
@@ -17,14 +19,12 @@ from worker.attention.preview import preview
 from worker.core.environment import PROFILES, Environment, InvalidEnvironment, UnknownProfileError, environment_from
 from worker.interop import verl
 from worker.interop.specfile import detect_format
+from worker.interop.verl import MAX_INPUT_BYTES, MAX_YAML_NODES
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec, spec_to_tree
 
 ImportFormat = Literal["cli", "yaml", "auto"]
 ExportFormat = Literal["cli", "yaml"]
 
-MAX_IMPORT_CHARS = 200_000
-MAX_YAML_NODES = 50_000
-"""A YAML document may expand (aliases followed) to at most this many nodes; verl's full config has ~700."""
 
 def issue_dicts(issues: list[Issue], prefix: str = "spec") -> list[dict[str, Any]]:
     return [{**i.as_dict(), "field": f"{prefix}.{i.field}" if prefix else i.field} for i in issues]
@@ -112,11 +112,13 @@ def _line_at(text: str, mark: Any) -> str | None:
     return lines[mark.line][:200] if 0 <= mark.line < len(lines) else None
 
 
-def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
-    """A verl command line or YAML -> {"format", "spec", "warnings", "overrides"}."""
-    if len(text) > MAX_IMPORT_CHARS:
-        raise AppError(422, "text_too_long", f"text: {len(text)} characters is too long; valid: at most "
-                       f"{MAX_IMPORT_CHARS}", field="text", value=len(text), valid=f"<= {MAX_IMPORT_CHARS} characters")
+def import_spec(*, text: str, format: ImportFormat = "auto") -> tuple[str, verl.ImportResult]:
+    """A verl command line or YAML -> (its format, the import), behind the size and YAML guards; every
+    refusal is an AppError naming the field (``text``, or the spec key at fault), the value and what is valid."""
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_INPUT_BYTES:
+        raise AppError(422, "text_too_long", f"text: {size} bytes is too long; valid: at most {MAX_INPUT_BYTES} bytes",
+                       field="text", value=size, valid=f"<= {MAX_INPUT_BYTES} bytes")
     if not text.strip():
         raise AppError(422, "empty_text", "text: nothing to import; paste a verl command line or YAML", field="text",
                        value=text, valid=IMPORT_VALID)
@@ -124,7 +126,7 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
     if fmt == "yaml":
         check_yaml_safety(text)
     try:
-        result = verl.import_yaml(text) if fmt == "yaml" else verl.import_command(text)
+        return fmt, verl.import_yaml(text) if fmt == "yaml" else verl.import_command(text)
     except verl.VerlImportError as exc:
         spec_issues = [_plain(i) for i in exc.issues]
         field = spec_issues[0]["field"] if spec_issues and isinstance(spec_issues[0], dict) else "text"
@@ -138,6 +140,11 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
         raise AppError.from_spec_error(exc) from None
     except RecursionError:
         raise AppError(422, "import_error", "text: nested too deeply", field="text", valid=IMPORT_VALID) from None
+
+
+def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
+    """A verl command line or YAML -> {"format", "spec", "warnings", "overrides"}."""
+    fmt, result = import_spec(text=text, format=format)
     spec = result.spec
     tree = spec_to_tree(spec) if isinstance(spec, RunSpec) else spec
     return {"format": fmt, "spec": tree, "warnings": _plain(result.warnings),

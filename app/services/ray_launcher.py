@@ -278,7 +278,7 @@ class RayLauncher:
     def relaunch(self, run: Run, *, cause: str, attempt: int) -> None:
         """Start a run whose engine host died again, in this app's engine host (a new one when the old is
         gone): it resumes from its newest complete checkpoint and its events continue after ``last_seq``
-        (see ``worker.engine.controller.Continuation``). Raises when Ray or the host refuses."""
+        (see ``worker.engine.trainer.Continuation``). Raises when Ray or the host refuses."""
         import ray
 
         continuation = {"cause": cause, "attempt": attempt, "first_seq": run.last_seq + 1, "state": run.status,
