@@ -94,5 +94,5 @@ def sp4_spec(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
             "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
             "algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 2,
             "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
-            "trainer.n_gpus_per_node": 8}
+            "trainer.n_gpus_per_node": 8, "data.train_files": "builtin:count"}
     return model, spec
