@@ -17,6 +17,7 @@ from app.deps import (
     SessionDep,
     SettingsDep,
     Write,
+    get_principal,
     reader_of,
     serving_lifespan,
 )
@@ -39,7 +40,7 @@ from app.models import (
 from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset, Timestamp
 from app.services import checkpoints, events, interop, pump, reads, runs
 from app.services.events import MAX_EVENTS_PAGE
-from app.services.redact import checkpoints_for
+from app.services.redact import checkpoints_for, events_without_tracebacks, signed_in
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], lifespan=serving_lifespan)
 RunId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A run's id.")]
@@ -87,7 +88,11 @@ async def list_events(
     after: Annotated[int, Query(ge=0, le=INT32_MAX, description="Return events with seq > after.")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = 100,
 ) -> Response:
-    return _json(await reader_of(request)(reads.events_json, run_id=run_id, after_seq=after, limit=limit))
+    """A page of the run's events; anonymous readers get each traceback as its last line, paths shortened."""
+    body = await reader_of(request)(reads.events_json, run_id=run_id, after_seq=after, limit=limit)
+    if b'"traceback"' in body and not signed_in(await get_principal(request)):
+        body = events_without_tracebacks(body)
+    return _json(body)
 
 
 async def require_engine(

@@ -4,6 +4,7 @@ Tracebacks and absolute paths go to signed-in users only (a token or a browser s
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -70,3 +71,14 @@ def checkpoints_for(principal: Principal, listing: CheckpointsPublic, root: Path
         "skipped": [{**s, **({"path": relative(s["path"])} if "path" in s else {}),
                      **({"why": redact_paths(s["why"])} if "why" in s else {})} for s in listing.skipped],
     })
+
+
+def events_without_tracebacks(body: bytes) -> bytes:
+    """A page of events (``EventsPublic`` as JSON) with each payload's ``traceback`` cut to its last line, paths
+    shortened: what an anonymous reader gets."""
+    page = json.loads(body)
+    for event in page.get("data", []):
+        payload = event.get("payload")
+        if isinstance(payload, dict) and isinstance(payload.get("traceback"), str):
+            payload["traceback"] = public_error(payload["traceback"])
+    return json.dumps(page, separators=(",", ":")).encode()

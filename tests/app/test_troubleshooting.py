@@ -366,3 +366,8 @@ def test_tracebacks_and_absolute_paths_only_to_signed_in_readers(client, write_h
     assert signed["error"] == trace
     page = client.get(f"/troubleshooting/{anonymous['id']}").text
     assert "/srv/attnboard" not in page
+    # the run's events: the traceback's last line for anonymous readers, all of it for signed-in ones
+    anonymous_events = client.get(f"/api/runs/{run['id']}/events").json()["data"]
+    assert anonymous_events[1]["payload"]["traceback"] == "OSError: .../config.json is unreadable"
+    signed_events = client.get(f"/api/runs/{run['id']}/events", headers=read_headers).json()["data"]
+    assert signed_events[1]["payload"]["traceback"] == trace
