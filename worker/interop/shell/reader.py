@@ -1,0 +1,36 @@
+"""The entry point: a script's text -> what bash would run, read without running anything."""
+
+from __future__ import annotations
+
+from worker.interop.shell.results import MAX_STEPS, Script, ShellError
+from worker.interop.shell.statements import Statements, _LoopControl, _Stop
+from worker.interop.shell.syntax import _assigned_names, _syntax_error, parse
+
+
+class _Reader(Statements):
+    """A reader with every concern: statements, words, arithmetic."""
+
+
+def read_script(text: str, *, max_steps: int = MAX_STEPS) -> Script:
+    """Read ``text`` as bash would, running nothing: every simple command reached, words expanded.
+
+    Raises ShellError (message, token, position) on a syntax error, ShellBudgetError (a ShellError) when
+    reading it costs more than ``max_steps`` steps."""
+    if "\x00" in text:
+        at = text.index("\x00")
+        raise ShellError("a NUL character cannot be part of a shell script", text[max(0, at - 20):at + 1], at)
+    reader = _Reader(text, max_steps)
+    tree = parse(reader.src.data)
+    root = tree.root_node
+    if root.has_error:
+        raise _syntax_error(reader.src, root)
+    reader.assigned_anywhere = _assigned_names(root, reader.src, set())
+    try:
+        reader.run(root)
+    except _Stop:
+        pass
+    except _LoopControl:
+        pass
+    except RecursionError:
+        raise ShellError("the script nests too deeply to read", text[:40], 0) from None
+    return reader.script
