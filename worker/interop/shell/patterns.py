@@ -240,15 +240,21 @@ def replace(s: str, pattern: Sequence[Piece], rep: str, op: str, charge: Charge)
 # [[ $X =~ RE ]]: POSIX ERE on RE2
 
 
-def _ere_text(text: str) -> str:
-    """Unquoted ERE text in RE2's syntax: bracket expressions rewritten (a backslash there is a literal
-    for POSIX, a leading ``]`` is a member); the rest is the same language in both."""
+def _ere(chars: list[tuple[str, bool]]) -> str:
+    """A bash regex (each character with whether it was quoted, so literal) in RE2's syntax: bracket
+    expressions rewritten (a backslash there is a member for POSIX, a leading ``]`` too); outside them a
+    quoted character is escaped; the rest is the same language in both."""
     out: list[str] = []
     i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            out.append(text[i:i + 2])
+    n = len(chars)
+    while i < n:
+        ch, literal = chars[i]
+        if literal:
+            out.append(_escape(ch))
+            i += 1
+            continue
+        if ch == "\\" and i + 1 < n:
+            out.append("\\" + chars[i + 1][0])
             i += 2
             continue
         if ch != "[":
@@ -257,27 +263,33 @@ def _ere_text(text: str) -> str:
             continue
         j = i + 1
         body = ["["]
-        if j < len(text) and text[j] == "^":
+        if j < n and chars[j] == ("^", False):
             body.append("^")
             j += 1
         first = True
-        while j < len(text) and (text[j] != "]" or first):
-            c = text[j]
-            if c == "[" and text.startswith(("[:", "[=", "[."), j):
-                close = text.find(text[j + 1] + "]", j + 2)
-                if close < 0 or text[j + 1] != ":":
+        while j < n and (chars[j] != ("]", False) or first):
+            c, lit = chars[j]
+            if c == "[" and not lit and j + 1 < n and chars[j + 1][0] in ":=.":
+                kind = chars[j + 1][0]
+                text = "".join(c2 for c2, _ in chars[j:])
+                close = text.find(kind + "]", 2)
+                if close < 0 or kind != ":":
                     raise _NotKnown
-                body.append(text[j:close + 2])
-                j = close + 2
+                body.append(text[:close + 2])
+                j += close + 2
             else:
-                body.append("\\" + c if c in "\\[]" else c)
+                body.append("\\" + c if c in "\\[]" or (lit and c in "^-") else c)
                 j += 1
             first = False
-        if j >= len(text):
+        if j >= n:
             raise _NotKnown
         out.append("".join(body) + "]")
         i = j + 1
     return "".join(out)
+
+
+def _escape(ch: str) -> str:
+    return "\\" + ch if not ch.isalnum() and ch.isascii() and ch != "_" and ch.isprintable() and ch != " " else ch
 
 
 @lru_cache(maxsize=256)
@@ -289,6 +301,7 @@ def _re2(pattern: str):
     options.perl_classes = True  # glibc's \w \s (and RE2's \d)
     options.word_boundary = True  # glibc's \b \B
     options.never_capture = True
+    options.log_errors = False  # a pattern RE2 cannot run is an undecided test, not a server log line
     try:
         return re2.compile(pattern, options)
     except re2.error:
@@ -297,9 +310,7 @@ def _re2(pattern: str):
 
 def regex_search(s: str, pattern: Sequence[Piece], charge: Charge) -> bool:
     """``[[ s =~ pattern ]]``: quoted parts literal; raises ``_NotKnown`` for what RE2 cannot run."""
-    import re2
-
-    text = "".join(re2.escape(p.text) if p.kind in ("quoted", "verbatim") else _ere_text(p.text) for p in pattern)
+    text = _ere([(ch, p.kind in ("quoted", "verbatim")) for p in pattern for ch in p.text])
     charge(len(s) + len(text) + 1)
     compiled = _re2(text)
     if compiled is None:

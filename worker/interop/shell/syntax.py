@@ -21,15 +21,19 @@ def _parser():
 
 
 _ASCII = bytes(range(128)) + b"." * 128
+_DOLLAR_BEFORE_NON_ASCII = re.compile(rb"\$(?=[\x80-\xff])")
 
 
 def parse(data: bytes):
     """The syntax tree of ``data`` (UTF-8), parsed from an all-ASCII copy with the same byte offsets.
 
     tree-sitter-bash's scanner can crash the process on some non-ASCII input; bash itself treats a
-    non-ASCII character as an ordinary word character that no name holds (``$é`` is a literal ``$``),
-    which ``.`` is too. Every node's text is read from the original bytes, so nothing is lost."""
-    return _parser().parse(data.translate(_ASCII))
+    non-ASCII character as an ordinary word character that no name holds (``$X。`` is ``$X`` then ``。``),
+    which each of its bytes becomes: ``.``. A ``$`` before one is a literal ``$`` for bash (``$é``), and
+    becomes ``.`` too (the grammar refuses ``$.``). Every node's text is read from the original bytes."""
+    if data.isascii():
+        return _parser().parse(data)
+    return _parser().parse(_DOLLAR_BEFORE_NON_ASCII.sub(b".", data).translate(_ASCII))
 
 
 class _Source:
