@@ -34,7 +34,7 @@ from worker.interop.verl import (
 )
 from worker.spec import ALIASES, PASSTHROUGH_NOTE, SPEC_NAMES, RunSpec, classify_key, flatten, parse_spec
 
-SCRIPTS = Path(__file__).parent / "fixtures" / "verl_scripts"
+SCRIPTS = Path(__file__).parent.parent / "fixtures" / "verl_scripts"
 ALL = sorted(p.name for p in SCRIPTS.glob("*.sh"))
 REFUSED = {
     "refused_megatron_config.sh": MEGATRON_MESSAGE.format(what="--config-name=ppo_megatron_trainer.yaml"),
