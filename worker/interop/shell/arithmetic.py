@@ -7,7 +7,9 @@ import re
 from worker.interop.shell.results import MAX_CALL_DEPTH
 from worker.interop.shell.state import ReaderState
 from worker.interop.shell.syntax import _first, _Source, parse
-from worker.interop.shell.values import _known, _NotKnown, _Positional, _scalar, _text, _Unknown
+from worker.interop.shell.values import Piece, _known, _NotKnown, _Positional, _scalar, _text, _Unknown
+
+_ASSIGNMENTS = frozenset({"=", "+=", "-=", "*=", "/=", "%=", "<<=", ">>=", "&=", "|=", "^=", "**="})
 
 
 class Arithmetic(ReaderState):
@@ -55,6 +57,12 @@ class Arithmetic(ReaderState):
             return self.arith_value(text, node)
         if t == "parenthesized_expression":
             return self.arith(node.named_children[0])
+        if t in ("unary_expression", "postfix_expression") and any(c.type in ("++", "--") for c in node.children):
+            target = node.named_children[0]
+            op = next(c.type for c in node.children if c.type in ("++", "--"))
+            old = self.arith(target)
+            new = self.arith_assign(target, op[0] + "=", lambda: 1)
+            return old if t == "postfix_expression" else new
         if t == "unary_expression":
             op = node.children[0].type
             v = self.arith(node.named_children[-1])
@@ -67,6 +75,8 @@ class Arithmetic(ReaderState):
                 return int(bool(self.arith(left)) and bool(self.arith(right)))
             if op == "||":
                 return int(bool(self.arith(left)) or bool(self.arith(right)))
+            if op in _ASSIGNMENTS:
+                return self.arith_assign(left, op, lambda: self.arith(right))
             a, b = self.arith(left), self.arith(right)
             return _binary(op, a, b)
         if t == "ternary_expression":
@@ -75,6 +85,19 @@ class Arithmetic(ReaderState):
         if t == "arithmetic_expansion":
             return self.arith(node.named_children[-1])
         raise _NotKnown
+
+    def arith_assign(self, target, op: str, value) -> int:
+        """``X = e``, ``X += e`` ... (and ``X++``): the variable takes the value, or becomes unknown with it."""
+        if target.type != "variable_name":
+            raise _NotKnown
+        name = self.src.slice(target)
+        try:
+            result = value() if op == "=" else _binary(op[:-1], self.arith_var(name, target), value())
+        except _NotKnown:
+            self.set_var(name, _Unknown(f"an arithmetic assignment `{self.src.slice(target.parent)[:40]}`"))
+            raise
+        self.set_var(name, (Piece(str(result), "quoted"),))
+        return result
 
     def arith_var(self, name: str, node) -> int:
         value = self.lookup(name, node)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from worker.interop.shell.results import MAX_STEPS, Script, ShellError
 from worker.interop.shell.statements import Statements, _LoopControl, _Stop
-from worker.interop.shell.syntax import _assigned_names, _syntax_error, parse
+from worker.interop.shell.syntax import _assigned_names, _syntax_error, parse, repaired
 
 
 class _Reader(Statements):
@@ -20,10 +20,13 @@ def read_script(text: str, *, max_steps: int = MAX_STEPS) -> Script:
         at = text.index("\x00")
         raise ShellError("a NUL character cannot be part of a shell script", text[max(0, at - 20):at + 1], at)
     reader = _Reader(text, max_steps)
-    tree = parse(reader.src.data)
-    root = tree.root_node
+    root = parse(reader.src.data).root_node
     if root.has_error:
-        raise _syntax_error(reader.src, root)
+        rewritten = repaired(reader.src.data)
+        second = parse(rewritten).root_node if rewritten is not None else None
+        if second is None or second.has_error:
+            raise _syntax_error(reader.src, root)
+        root = second
     reader.assigned_anywhere = _assigned_names(root, reader.src, set())
     try:
         reader.run(root)

@@ -74,7 +74,8 @@ class Script:
     environment: list[str] = field(default_factory=list)
     """Variables read but never assigned by the script: kept verbatim (``$HOME``)."""
     defaults: list[str] = field(default_factory=list)
-    """Variables from the environment read as ``${X:-default}``: the script's default is used."""
+    """Variables from the environment read as ``${X:-default}``, and the script's arguments read as
+    ``${1:-default}`` (written ``$1``): the script's default is used."""
     arguments: list[str] = field(default_factory=list)
     """The script's own arguments where they are read (``$1``, ``"$@"``): kept verbatim."""
     substitutions: list[str] = field(default_factory=list)

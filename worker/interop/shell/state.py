@@ -25,6 +25,10 @@ class ReaderState:
         self.depth = 0
         self.condition: list[str] = []
         self.loops: list[str] = []
+        self.arith_status: tuple[int | None, bool | None] = (None, None)
+        """The status of the last ``(( ))`` run, by its start byte: its test reads it without running it again."""
+        self.list_status: tuple[int | None, bool | None] = (None, None)
+        """The status of the last ``a && b || c`` list walked, by its start byte, read the same way."""
 
     # ---- bookkeeping
 

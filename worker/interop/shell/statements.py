@@ -58,7 +58,22 @@ class Statements(Words):
     def _s_program(self, node) -> None:
         self.run_all(node.children)
 
-    _s_compound_statement = _s_program
+    def _s_compound_statement(self, node) -> None:
+        if not self.src.slice(node).startswith("(("):
+            self.run_all(node.children)
+            return
+        # (( expr )): arithmetic whose status is its value's truth; its assignments last
+        status: bool | None = True
+        for expr in node.named_children:
+            if expr.type == "comment":
+                continue
+            try:
+                status = bool(self.arith(expr))
+            except _NotKnown:
+                status = None
+            except ZeroDivisionError:
+                raise self.fail(node, "division by zero in an arithmetic command") from None
+        self.arith_status = (node.start_byte, status)
 
     def _s_subshell(self, node) -> None:
         saved = dict(self.vars)
@@ -104,12 +119,16 @@ class Statements(Words):
             else:
                 self.run(right)
                 status = self.last_status(right)
+        self.list_status = (node.start_byte, status)
 
     def last_status(self, node) -> bool | None:
         """Whether a command succeeds, where that can be known: a test on known values, true/false, and any
         other command taken as succeeding (a script that runs verl expects its set-up to work)."""
         if node.type == "test_command":
             return self.test(node)
+        if node.type == "compound_statement" and self.src.slice(node).startswith("(("):
+            at, status = self.arith_status
+            return status if at == node.start_byte else None
         if node.type == "negated_command":
             inner = self.last_status(node.named_children[0])
             return None if inner is None else not inner
@@ -120,8 +139,9 @@ class Statements(Words):
                 return False
             if text in ("test", "["):
                 return self.test_words([w.text for w in self.command_words(node)[1:]], node)
-        if node.type == "list":
-            return None
+        if node.type == "list":  # `a && b || c`: what the walk of that list found
+            at, status = self.list_status
+            return status if at == node.start_byte else None
         return True
 
     def with_condition(self, why: str, body) -> None:

@@ -36,6 +36,56 @@ def parse(data: bytes):
     return _parser().parse(_DOLLAR_BEFORE_NON_ASCII.sub(b".", data).translate(_ASCII))
 
 
+_OPERAND = re.compile(rb"\$\{[A-Za-z_0-9]+(?::?[-=+?])")
+
+
+def repaired(data: bytes) -> bytes | None:
+    """``data`` rewritten, byte for byte, around what bash accepts and tree-sitter-bash does not; None when
+    nothing was rewritten. The reader reads every node's text from the original, so the values are bash's:
+
+    - in the operand of ``${X:-...}`` (``:=``, ``:+``, ``:?`` and the forms without ``:``), the body of an
+      arithmetic expansion (``${X:-$(((a + b) * 2))}``) becomes ``x``s, and ``[``/``]`` become ``x``
+      (``${C:-['npu','cpu']}``);
+    - a backslash that ends the file (a continuation with nothing after it) becomes a space."""
+    out = bytearray(data)
+    for match in _OPERAND.finditer(data):
+        depth, i = 1, match.end()
+        while i < len(data) and depth:
+            if data.startswith(b"${", i):
+                depth, i = depth + 1, i + 2
+                continue
+            if data[i:i + 1] == b"}":
+                depth -= 1
+            elif data[i:i + 1] in (b"[", b"]"):
+                out[i] = ord("x")
+            elif data.startswith(b"$((", i):
+                close = _arith_end(data, i + 3)
+                if close > 0:
+                    out[i + 3:close] = bytes(ord("x") if c != ord("\n") else c for c in data[i + 3:close])
+                    i = close + 2
+                    continue
+            i += 1
+    stripped = data.rstrip()
+    if stripped.endswith(b"\\") and not stripped.endswith(b"\\\\"):
+        out[len(stripped) - 1] = ord(" ")
+    return bytes(out) if out != data else None
+
+
+def _arith_end(data: bytes, i: int) -> int:
+    """Where the ``))`` closing an arithmetic expansion whose body starts at ``i`` begins, or -1."""
+    depth = 0
+    while i < len(data):
+        ch = data[i:i + 1]
+        if ch == b"(":
+            depth += 1
+        elif ch == b")":
+            if depth == 0:
+                return i if data[i + 1:i + 2] == b")" else -1
+            depth -= 1
+        i += 1
+    return -1
+
+
 class _Source:
     """The script's text with byte offsets (tree-sitter's) turned into character offsets."""
 

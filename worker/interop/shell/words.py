@@ -47,7 +47,7 @@ class Words(Arithmetic):
         groups: list[list] = []
         for target in targets:
             gap = self.src.data[groups[-1][-1].end_byte:target.start_byte] if groups else b" "
-            if not re.search(rb"\s", gap):
+            if not re.search(rb"\s", gap.replace(b"\\\n", b"")):
                 groups[-1].append(target)
             else:
                 groups.append([target])
@@ -65,6 +65,11 @@ class Words(Arithmetic):
         which bash reads the same and the grammar keeps whole."""
         if len(group) == 1:
             return self.expand_fields(group[0])
+        gaps = [self.src.data[a.end_byte:b.start_byte] for a, b in itertools.pairwise(group)]
+        if any(gaps) and all(not g.replace(b"\\\n", b"") for g in gaps):
+            # 'a'\<newline>'b': the backslash-newline vanishes and the strings are one word
+            pieces = [p for node in group for p in self.pieces(node, quoted=False)]
+            return [f for variant in _brace_expand(pieces, self, group[0]) for f in _split_fields(variant, self.ifs())]
         text = self.src.data[group[0].start_byte:group[-1].end_byte].decode("utf-8", errors="surrogatepass")
         if any(c in text for c in "'\"\\`"):
             raise self.fail(group[0], f"cannot read the shell word {text[:80]}: quote it")
@@ -266,7 +271,9 @@ class Words(Arithmetic):
                 else:
                     out.append(Piece(" ", "split"))
             out.extend(_requote(item, quoted))
-        return out or [Piece("", "quoted" if quoted else "split")]
+        if not out and not (star and quoted):
+            return [Piece("", "split")]  # "${A[@]}" of no element is no word at all, quoted or not
+        return out or [Piece("", "quoted")]
 
     def expansion(self, node, quoted: bool) -> list[Piece]:
         """``${...}``: every form bash has that a dry run can evaluate."""
@@ -320,7 +327,8 @@ class Words(Arithmetic):
         operands = [c for c in rest[1:] if c.is_named or c.type not in ("/", ":")]
         value = self.lookup(name, node)
         # ${X:-default} of a variable not set yet (by the environment, or later by the script) takes the default
-        from_env = (isinstance(value, _Unknown) and value.reason == "environment") or (
+        # and so does ${1:-default} of the script's own arguments (the script run with none, as the import reads it)
+        from_env = (isinstance(value, _Unknown) and value.reason in ("environment", "a script argument")) or (
             value is None and name not in self.ever_set and name.isidentifier())
         current = None if value is None else value
         if op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
@@ -330,7 +338,7 @@ class Words(Arithmetic):
             if from_env:
                 if op in (":?", "?"):  # the script stops without it: it must come from the environment
                     return self._verbatim(text, _Unknown("environment"), name)
-                self._add(self.script.defaults, name)
+                self._add(self.script.defaults, "$" + name if name.isdigit() else name)
                 current = None
             scalar = _scalar(current, index)
             is_set = current is not None

@@ -155,8 +155,12 @@ def _shell_warnings(script: Script, state: _State, used: set[int]) -> None:
         state.warn("ignored shell commands (not the verl command): " + ", ".join(dict.fromkeys(ignored)))
     if script.environment:
         state.warn("from the environment, kept verbatim: " + ", ".join(script.environment))
-    if script.defaults:
-        state.warn("from the environment, not set here, so the script's default is used: " + ", ".join(script.defaults))
+    from_env = [name for name in script.defaults if not name.startswith("$")]
+    arguments = [name for name in script.defaults if name.startswith("$")]
+    if from_env:
+        state.warn("from the environment, not set here, so the script's default is used: " + ", ".join(from_env))
+    if arguments:
+        state.warn("the script's arguments, not given here, so the script's default is used: " + ", ".join(arguments))
     if script.substitutions:
         state.warn("command output, not known here, kept verbatim: " + ", ".join(script.substitutions))
     for note in script.notes:

@@ -199,7 +199,7 @@ def test_unsupported_backends_and_entry_points_get_one_clear_message(name: str, 
         ("assign_default_operator.sh", "trainer.experiment_name", "qwen2.5-0.5b-instruct-ppo"),
         ("test_and_list_defaults.sh", "algorithm.adv_estimator", "grpo"),
         ("test_and_list_defaults.sh", "trainer.save_freq", 50),
-        ("positional_args_mode.sh", "trainer.experiment_name", "qwen_${EXP_SUFFIX}"),
+        ("positional_args_mode.sh", "trainer.experiment_name", "qwen_dbg"),  # ${1:-debug}: run with no arguments
         ("tee_log_with_date.sh", "trainer.experiment_name", "ppo_$(date +%Y%m%d)"),
         ("kl_k3_plus_straight_through.sh", "actor_rollout_ref.actor.kl_loss_type", "k3+"),
         ("trtllm_rollout.sh", "actor_rollout_ref.rollout.name", "trtllm"),
