@@ -111,6 +111,8 @@ class _State:
     """Keys of verl's config that attnboard does not model (and ``+`` keys verl's config lacks, with their
     ``+``): passed through to verl, not run by attnboard."""
     warnings: list[str] = field(default_factory=list)
+    aliased: dict[str, _Given] = field(default_factory=dict)
+    """Deprecated keys given (``ALIASES``), by their verl name: verl's config may read them under that name."""
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:
@@ -142,6 +144,8 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
     key = override.key
     if key in ALIASES:
         state.warn(f"{key} is deprecated in verl; read as {ALIASES[key]}")
+        if override.op != "delete":
+            state.aliased[key] = _Given(override.value, override.raw_value, override.word)
         key = ALIASES[key]
     key = SPEC_NAMES.get(key, key)
     kind = classify_key(key)
@@ -264,7 +268,27 @@ def _resolved(state: _State, table: dict[str, _Given]) -> dict[str, Any]:
     return out
 
 
+ALIAS_READERS: dict[str, tuple[str, ...]] = {
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("actor_rollout_ref.ref.ulysses_sequence_parallel_size",),
+}
+"""verl 0.9.1's keys whose default reads a deprecated key (``ALIASES``) under its old name: verl's
+``ref/dp_ref.yaml`` has ``ulysses_sequence_parallel_size: ${oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1}``.
+A test checks this table against every interpolation of the wheel's ``_generated_ppo_trainer.yaml``."""
+
+
+def _pin_alias_readers(state: _State) -> None:
+    """A deprecated key given is read by verl under its own name too: each of verl's keys whose default reads
+    it, and that the script does not give, keeps the value verl composes for it (kept in the pass-through), so
+    the export (which writes the key's new name) launches the same run: the reference keeps the actor's SP."""
+    for alias, given in state.aliased.items():
+        for reader in ALIAS_READERS.get(alias, ()):
+            if reader not in state.passthrough and "+" + reader not in state.passthrough:
+                state.passthrough[reader] = given
+                state.warn(f"{reader} reads the deprecated {alias} in verl: kept as {given.raw or given.value}")
+
+
 def _finish(state: _State, source_text: str) -> ImportResult:
+    _pin_alias_readers(state)
     flat = _resolved(state, state.given)
     for key, value in flat.items():
         raw = state.given[key].raw

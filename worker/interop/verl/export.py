@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -62,6 +63,42 @@ def _export_warnings(spec: RunSpec, keys: list[str]) -> list[str]:
     return warnings
 
 
+_SHELL_EXPANSION = re.compile(
+    r"(?<!\\)\$(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]"
+    r"|\{[A-Za-z_0-9][A-Za-z0-9_]*(?:[:#%/^,@*?+=-][^{}]*)?\}"
+    r"|\((?:[^()]|\([^()]*\))*\))"
+)
+"""What a value holds for the shell to expand when the command runs, as the import kept it from the script:
+``$HOME``, ``${HOME}``, ``${NNODES:-8}``, ``$(date +%Y%m%d)``. OmegaConf's ``${trainer.project_name}`` and
+``${oc.env:HOME}`` are not shell syntax and stay verl's; nor is a ``$`` after a backslash."""
+
+
+def _expandable(value: Any, spans: list[str], mark: str) -> Any:
+    """``value`` with every shell expansion in its strings replaced by a token, the spans kept in order."""
+    if isinstance(value, str):
+        def token(match: re.Match) -> str:
+            spans.append(match.group(0))
+            return f"{mark}{len(spans) - 1}{mark}"
+        return _SHELL_EXPANSION.sub(token, value)
+    if isinstance(value, list):
+        return [_expandable(v, spans, mark) for v in value]
+    if isinstance(value, dict):
+        return {k: _expandable(v, spans, mark) for k, v in value.items()}
+    return value
+
+
+def _shell_word(text: str, spans: list[str], mark: str) -> str:
+    """One shell word for ``text``: single-quoted when nothing in it expands; else double-quoted, every
+    character literal but the expansions, so bash expands them when the command runs."""
+    if not spans:
+        return shlex.quote(text)
+    parts = re.split(f"{mark}([0-9]+){mark}", text)
+    out = ['"']
+    for k, part in enumerate(parts):
+        out.append(spans[int(part)] if k % 2 else re.sub(r'([\\"$`])', r"\\\1", part))
+    return "".join(out) + '"'
+
+
 def export_command(spec: RunSpec, *, entrypoint: str = DEFAULT_ENTRYPOINT, full: bool = False) -> ExportResult:
     """The spec as a verl command line, one override per line. Keys in verl's default config are
     written bare, the others (override_config sub-keys, attnboard.*, pass-through keys verl's config
@@ -70,9 +107,13 @@ def export_command(spec: RunSpec, *, entrypoint: str = DEFAULT_ENTRYPOINT, full:
     items = _export_items(spec, full=full)
     lines = [entrypoint]
     warnings: list[str] = []
+    expanded: list[str] = []
     for key, value in items:
+        spans: list[str] = []
+        mark = _token_mark(value)
         try:
-            text = value if key in KEPT_INTERPOLATIONS and value == KEPT_INTERPOLATIONS[key] else hydra_value(value)
+            text = value if key in KEPT_INTERPOLATIONS and value == KEPT_INTERPOLATIONS[key] else \
+                hydra_value(_expandable(value, spans, mark))
         except TypeError as exc:
             warnings.append(f"skipped {key}: {exc}")
             continue
@@ -84,9 +125,19 @@ def export_command(spec: RunSpec, *, entrypoint: str = DEFAULT_ENTRYPOINT, full:
             warnings.append(f"skipped {key}: not a dotted key Hydra can read")
             continue
         plus = "+" if key.startswith("+") or (bare not in VERL_DEFAULTS and classify_key(bare) != "hydra") else ""
-        lines.append("    " + shlex.quote(f"{plus}{bare}={text}"))
+        lines.append("    " + _shell_word(f"{plus}{bare}={text}", spans, mark))
+        expanded.extend(s for s in spans if s not in expanded)
+    if expanded:
+        warnings.append("expanded by the shell when the command runs, as in the script it came from: " +
+                        ", ".join(expanded))
     warnings = _export_warnings(spec, [k for k, _ in items]) + warnings
     return ExportResult(text=" \\\n".join(lines) + "\n", warnings=warnings)
+
+
+def _token_mark(value: Any) -> str:
+    """A letter run that ``value`` does not hold, to mark tokens Hydra reads as plain characters."""
+    text = repr(value)
+    return next(m for m in ("Qz", "Qzx", "Qzxq", "QzxqZ" * 4) if m not in text)
 
 
 class _Unescaped(str):

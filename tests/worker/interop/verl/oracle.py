@@ -203,6 +203,7 @@ def differences(result: ImportResult, composed: dict[str, Any]) -> dict[str, tup
 
 
 def config_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Keys whose values differ between two composed configs (keys of either)."""
+    """Keys whose values differ between two composed configs (keys of either), ``attnboard.*`` apart (verl
+    composes them with the + the export gives them, and ignores them)."""
     return {k: (a.get(k, "<missing>"), b.get(k, "<missing>")) for k in sorted(set(a) | set(b))
-            if not same(a.get(k, "<missing>"), b.get(k, "<missing>"))}
+            if not k.startswith("attnboard.") and not same(a.get(k, "<missing>"), b.get(k, "<missing>"))}

@@ -189,7 +189,10 @@ def test_command_syntax(text: str, expected: dict[str, Any]) -> None:
         ("+attnboard.fallback_policy=fallback", []),
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
          ["actor_rollout_ref.actor.ulysses_sequence_parallel_size is deprecated in verl; read as "
-          "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"]),
+          "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+          "actor_rollout_ref.ref.ulysses_sequence_parallel_size reads the deprecated "
+          "actor_rollout_ref.actor.ulysses_sequence_parallel_size in verl: kept as 2",
+          PASSED.format("actor_rollout_ref.ref.ulysses_sequence_parallel_size")]),
         ("trainer.nnodes=2 trainer.nnodes=3", ["trainer.nnodes is given twice; the last value wins"]),
         ("trainer.nnodes=2 ~trainer.nnodes", ["~trainer.nnodes: reset to attnboard's default"]),
         ("~trainer.logger", ["~trainer.logger: verl deletes the key from its config; attnboard keeps no record of it"]),

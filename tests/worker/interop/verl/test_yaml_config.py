@@ -64,7 +64,10 @@ def test_yaml_small_aliases_are_fine() -> None:
         ("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 2\n",
          {"actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": 2},
          ["actor_rollout_ref.actor.ulysses_sequence_parallel_size is deprecated in verl; read as "
-          "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"]),
+          "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+          "actor_rollout_ref.ref.ulysses_sequence_parallel_size reads the deprecated "
+          "actor_rollout_ref.actor.ulysses_sequence_parallel_size in verl: kept as 2",
+          PASSED.format("actor_rollout_ref.ref.ulysses_sequence_parallel_size")]),
         ("actor_rollout_ref:\n  model:\n    path: /m/q\ncritic:\n  model:\n    path: ${actor_rollout_ref.model.path}\n",
          {"actor_rollout_ref.model.path": "/m/q", "critic.model.path": "/m/q"}, []),
         ("defaults: [ppo_trainer, _self_]\nattnboard:\n  seed: 7\n", {"attnboard.seed": 7}, []),
