@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from worker.interop.shell.results import MAX_STEPS, Script, ShellBudgetError, ShellError
 from worker.interop.shell.syntax import _Source
 from worker.interop.shell.values import Value, _Positional, _Var
@@ -10,9 +12,10 @@ from worker.interop.shell.values import Value, _Positional, _Var
 class ReaderState:
     """The walk's bookkeeping; the concerns (``arithmetic``, ``words``, ``statements``) build on it."""
 
-    def __init__(self, text: str, max_steps: int = MAX_STEPS):
+    def __init__(self, text: str, max_steps: int = MAX_STEPS, environment: Mapping[str, str] | None = None):
         self.src = _Source(text)
         self.max_steps = max_steps
+        self.environment: dict[str, str] = dict(environment or {})
         self.script = Script()
         self.vars: dict[str, _Var] = {}
         self.exported: set[str] = set()

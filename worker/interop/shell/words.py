@@ -220,6 +220,8 @@ class Words(Arithmetic):
             return self.vars[name]
         if name in self.assigned_anywhere:
             return None  # the script sets it, but not before this point: empty, as bash sees it
+        if name in self.environment:  # given by the caller: the environment the script runs in
+            return (Piece(self.environment[name], "quoted"),)
         return _Unknown("environment")
 
     def _verbatim(self, text: str, value: _Unknown, name: str) -> list[Piece]:

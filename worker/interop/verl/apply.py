@@ -287,6 +287,20 @@ def _pin_alias_readers(state: _State) -> None:
                 state.warn(f"{reader} reads the deprecated {alias} in verl: kept as {given.raw or given.value}")
 
 
+def _asks(state: _State, flat: dict[str, Any]) -> dict[str, str]:
+    """Modelled keys that must be numbers or flags and hold a value from the environment the script runs in
+    (``trainer.nnodes=$SLURM_JOB_NUM_NODES``): taken out of ``flat`` (the spec keeps its default) and asked for."""
+    asks: dict[str, str] = {}
+    for key in list(flat):
+        given = state.given.get(key)
+        if given is not None and given.word.verbatim and key in _ANNOTATIONS and key not in _STRING_KEYS and \
+                isinstance(flat[key], str):
+            asks[key] = flat.pop(key)
+            state.warn(f"{key}={asks[key]}: its value is known only where the script runs; the spec keeps "
+                       f"{_SPEC_DEFAULTS.get(key)!r} until it is given (import again with the variable's value)")
+    return asks
+
+
 def _finish(state: _State, source_text: str) -> ImportResult:
     _pin_alias_readers(state)
     flat = _resolved(state, state.given)
@@ -294,6 +308,7 @@ def _finish(state: _State, source_text: str) -> ImportResult:
         raw = state.given[key].raw
         if key in _STRING_KEYS and isinstance(value, (bool, int, float)):
             flat[key] = raw.strip() if raw is not None else str(value)
+    asks = _asks(state, flat)
     passthrough = _resolved(state, state.passthrough)
     try:
         spec = parse_spec({**flat, PASSTHROUGH: passthrough} if passthrough else flat)
@@ -312,7 +327,7 @@ def _finish(state: _State, source_text: str) -> ImportResult:
         state.warn(HF_ROLLOUT_WARNING if name == "hf" else engine_rollout_warning(name))
     if spec.verl_passthrough:
         state.warn(f"{PASSTHROUGH_NOTE}: {', '.join(spec.verl_passthrough)}")
-    return ImportResult(spec=spec, warnings=state.warnings, overrides=flat)
+    return ImportResult(spec=spec, warnings=state.warnings, overrides=flat, asks=asks)
 
 
 def _word_for(state: _State, field_name: str) -> Word | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from worker.interop.shell import MAX_STEPS, Command, Script, ShellBudgetError, ShellError, Word, read_script
@@ -55,7 +56,10 @@ def _entry(command: Command) -> _Entry | None:
         if w in _WRAPPERS:
             i += 1
             while i < len(words) and (words[i].startswith("-") or (w == "env" and "=" in words[i])):
-                i += 1
+                # `srun -N 2 --ntasks 16 python3 ...`: an option's value may be the next word
+                value = w != "env" and "=" not in words[i] and i + 1 < len(words) and \
+                    not words[i + 1].startswith("-") and not _runs_something(words[i + 1])
+                i += 2 if value else 1
             if w == "taskset" and i < len(words):
                 i += 1
             continue
@@ -92,6 +96,12 @@ def _entry(command: Command) -> _Entry | None:
                 return None
             return _Entry(w, i + 1)
     return None
+
+
+def _runs_something(word: str) -> bool:
+    """A word that starts what a wrapper runs (an interpreter, a launcher, another wrapper), not an option's value."""
+    return bool(_INTERPRETER.match(word)) or word in _LAUNCHERS or word in _WRAPPERS or \
+        word in ("ray", "uv", "conda", "poetry", "bash", "sh")
 
 
 def _looks_like_overrides(command: Command) -> bool:
@@ -183,17 +193,18 @@ def _shell_overrides(words: list[Word], state: _State) -> list[Word]:
 
 
 
-def import_command(text: str, *, max_steps: int = MAX_STEPS) -> ImportResult:
+def import_command(text: str, *, max_steps: int = MAX_STEPS, environment: Mapping[str, str] | None = None) -> ImportResult:
     """A verl launch script, command line or bare list of ``key=value`` overrides -> a spec and its warnings.
 
     The text is read as bash reads it (``worker.interop.shell``); the ``python3 -m verl.trainer.main_ppo``
     command's arguments are the overrides, every other command is ignored. Reading the script may cost at
     most ``max_steps`` steps (``worker.interop.shell.MAX_STEPS`` by default): past that, ``ImportBudgetError``
-    naming the budget."""
+    naming the budget. ``environment``: values of variables the script reads from its environment (a key
+    whose number only SLURM knows, listed in ``ImportResult.asks``, is given this way)."""
     _check_size(text)
     state = _State()
     try:
-        script = read_script(text, max_steps=max_steps)
+        script = read_script(text, max_steps=max_steps, environment=environment)
     except ShellBudgetError as exc:
         raise ImportBudgetError(exc.message, exc.token, exc.position, exc.budget) from None
     except ShellError as exc:

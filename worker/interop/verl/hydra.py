@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from worker.interop.shell import Word
 from worker.interop.verl.results import MEGATRON_MESSAGE, PPO_CONFIG_NAMES, VerlImportError
+from worker.spec.schema import HYDRA_WRITABLE_KEY
 
 # --------------------------------------------------------------------------------------------
 # Layer 3 (used by layer 2 and YAML): OmegaConf interpolations
@@ -429,7 +430,8 @@ def hydra_value(value: Any) -> str:
 
 
 def _dict_key(key: Any) -> str:
-    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-        raise TypeError(f"Hydra dict keys must be identifiers, got {key!r}")
-    return key
+    """A dict key as Hydra reads it back: a name, or a path pattern with ``()[]{}:=,`` escaped."""
+    if not isinstance(key, str) or not HYDRA_WRITABLE_KEY.match(key):
+        raise TypeError(f"Hydra dict keys must match {HYDRA_WRITABLE_KEY.pattern}, got {key!r}")
+    return re.sub(r"([()\[\]{}:=,])", r"\\\1", key)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from worker.spec import (
@@ -58,6 +58,10 @@ class ImportResult:
     warnings: list[str]
     overrides: dict[str, Any]
     """The dotted keys given that attnboard models (aliases rewritten), with their parsed values."""
+    asks: dict[str, str] = field(default_factory=dict)
+    """Keys whose value only the environment the script runs in knows (``trainer.nnodes=$SLURM_JOB_NUM_NODES``)
+    and that must be a number or a flag: the spec keeps its default, the key is asked for (its text as
+    written); ``import_command(text, environment={"SLURM_JOB_NUM_NODES": "2"})`` gives the variable."""
 
 
 @dataclass(frozen=True)

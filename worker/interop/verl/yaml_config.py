@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -10,6 +11,10 @@ from worker.interop.shell import Word
 from worker.interop.verl.apply import _apply, _check_size, _finish, _State
 from worker.interop.verl.hydra import Override, decode_omegaconf
 from worker.interop.verl.results import _VERL_SEARCHPATH, MAX_YAML_DEPTH, MAX_YAML_NODES, ImportResult, VerlImportError, _word_end
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+"""A mapping whose keys are all names is read key by key; one keyed otherwise (an FSDP-Turbo plan keyed by
+``blocks.{*}``) is one value."""
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -60,7 +65,8 @@ def _yaml_overrides(node: yaml.Node, loader: _BoundedLoader, text: str, prefix: 
         if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
             raise VerlImportError(f"YAML keys must be strings, got {key_node.value!r}", word_text, start)
         key = f"{prefix}{key_node.value}"
-        if isinstance(value_node, yaml.MappingNode) and value_node.value:
+        if isinstance(value_node, yaml.MappingNode) and value_node.value and all(
+                isinstance(k, yaml.ScalarNode) and _NAME.match(k.value) for k, _ in value_node.value):
             out.extend(_yaml_overrides(value_node, loader, text, key + "."))
             continue
         try:

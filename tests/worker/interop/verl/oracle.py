@@ -55,7 +55,7 @@ def bash_calls(script: Path, environment: list[str], tmp: Path) -> list[list[str
     out.mkdir(exist_ok=True)
     for old in out.iterdir():
         old.unlink()
-    for name in ("python3", "python", "torchrun", "ray"):
+    for name in ("python3", "python", "torchrun", "ray", "srun"):
         (stubs / name).write_text(STUB)
         (stubs / name).chmod(0o755)
     env = {"PATH": str(stubs), "ORACLE_OUT": str(out)}

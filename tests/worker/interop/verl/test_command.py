@@ -310,7 +310,8 @@ def test_engine_rollout_warning_text() -> None:
          "python3 -m verl.trainer.main_ppo a.b=2", "runs verl.trainer.main_ppo 2 times, on lines 1, 2"),
         ("echo hi\nmkdir -p x", "echo", "no verl command found"),
         ('python3 -m verl.trainer.main_ppo "trainer.$K=1"', '"trainer.$K=1"', "is not known here"),
-        ("python3 -m verl.trainer.main_ppo trainer.nnodes=$NNODES", "trainer.nnodes=$NNODES",
+        # a $ that is text, not the environment's (a variable's value is asked for: test_a_value_only_slurm_knows...)
+        ("python3 -m verl.trainer.main_ppo trainer.nnodes='$NNODES'", "trainer.nnodes='$NNODES'",
          "a value from the environment or the script's arguments is not known here"),
         ("python3 -m verl.trainer.main_ppo trainer.nnodes=1 \\\n  $(", "$(", "shell syntax error near '$('"),
     ],
