@@ -31,6 +31,9 @@ class ReaderState:
         self.arith_status: tuple[int | None, bool | None] = (None, None)
         """The status of the last ``(( ))`` run, by its start byte: its test reads it without running it again."""
         self.list_status: tuple[int | None, bool | None] = (None, None)
+        self.assume_defaults = False
+        """Reading with the documented defaults (the environment unset, no command output, no files): only to
+        choose the branch an undecidable test takes for the arrays it builds."""
         """The status of the last ``a && b || c`` list walked, by its start byte, read the same way."""
 
     # ---- bookkeeping

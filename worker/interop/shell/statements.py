@@ -195,6 +195,7 @@ class Statements(Words):
             elif child.type == "else_clause":
                 branches.append((None, list(child.named_children)))
         undecided: list[tuple[str, list]] = []
+        seen: list[tuple[list | None, list, bool | None]] = []
         for cond, body in branches:
             if cond is None:
                 status: bool | None = True
@@ -203,6 +204,7 @@ class Statements(Words):
                 self.run_all(cond)
                 status = self.last_status(cond[-1]) if cond else True
                 why = " ".join(self.src.slice(c) for c in cond)[:80]
+            seen.append((cond, body, status))
             if status is None:
                 undecided.append((why, body))
                 continue
@@ -213,13 +215,30 @@ class Statements(Words):
                     self.run_all(body)
                     return
                 break
-        for why, body in undecided:
-            self.with_condition(f"if {why}", lambda b=body: self.run_all(b))
+        chosen = None
+        for cond, body, status in seen:
+            if status is None:
+                status = self.default_status(cond[-1]) if cond else None
+            if status is None or status:
+                chosen = body if status else None
+                break
+        label = f"`if {undecided[0][0]}`" if undecided else ""
+
+        def walk() -> None:
+            for why, body in undecided:
+                self.with_condition(f"if {why}", lambda b=body: self.run_all(b))
+
+        self.arrays_from_default_branch(node, chosen, label, walk)
 
     def _s_case_statement(self, node) -> None:
         subject = node.child_by_field_name("value")
         value = self.expand_string(subject) if subject is not None else ()
         items = [c for c in node.named_children if c.type == "case_item"]
+        chosen = self.default_case_body(subject, items) if not _known(value) else None
+        why = f"`case {self.src.slice(subject)[:40] if subject is not None else ''} in ...`"
+        self.arrays_from_default_branch(node, chosen, why, lambda: self.case_items(node, subject, value, items))
+
+    def case_items(self, node, subject, value, items) -> None:
         for item in items:
             patterns = [c for c in item.children if item.field_name_for_child(list(item.children).index(c)) == "value"]
             body = [c for c in item.named_children if c not in patterns]
@@ -240,6 +259,61 @@ class Statements(Words):
             if matched:
                 self.run_all(body)
                 return
+
+    # ---- undecidable branches: arrays from the branch bash takes with the documented defaults
+
+    def default_status(self, node) -> bool | None:
+        """A test's status with the import's documented defaults for what it cannot know: a variable from the
+        environment and the script's arguments unset, command output empty, a file test false."""
+        if node.type not in ("test_command", "negated_command"):
+            return None
+        self.assume_defaults = True
+        try:
+            return self.last_status(node)
+        finally:
+            self.assume_defaults = False
+
+    def default_case_body(self, subject, items) -> list | None:
+        """The ``case`` arm bash takes with the documented defaults (``default_status``), or None."""
+        self.assume_defaults = True
+        try:
+            value = self.expand_string(subject) if subject is not None else ()
+            for item in items:
+                patterns = [c for c in item.children if item.field_name_for_child(list(item.children).index(c)) == "value"]
+                for pattern in patterns:
+                    pat = self.expand_string(pattern)
+                    if not _known(value) or not _known(pat):
+                        return None
+                    if glob_match(_text(value), pat, self.charger(item)):
+                        return [c for c in item.named_children if c not in patterns]
+            return None
+        finally:
+            self.assume_defaults = False
+
+    def arrays_from_default_branch(self, node, chosen: list | None, why: str, walk) -> None:
+        """Walk undecidable branches (``walk``: what each assigns becomes unknown), then give each array that
+        ``chosen`` (the branch bash takes with the documented defaults) changes the value it has there, and
+        list that choice: arrays of arguments are the ones a verl command is built from."""
+        if chosen is None:
+            walk()
+            return
+        before, count = dict(self.vars), len(self.script.commands)
+        self.condition.append(why)
+        try:
+            self.run_all(chosen)
+        except (_Stop, _LoopControl):
+            pass
+        finally:
+            self.condition.pop()
+        taken, self.vars = self.vars, before
+        del self.script.commands[count:]
+        walk()
+        for name, value in taken.items():
+            if isinstance(value, list) and value is not before.get(name) and not isinstance(self.vars.get(name), list):
+                self.vars[name] = value
+                self.script.note(f"line {self.line(node)}: {why} cannot be decided here; the array {name} is read "
+                                 "from the branch bash takes with the environment unset, no command output and no "
+                                 "files (the import's defaults)")
 
     def _s_for_statement(self, node) -> None:
         var = node.child_by_field_name("variable")
@@ -529,6 +603,8 @@ class Statements(Words):
             if op in ("-z", "-n"):
                 value = self.test_value(operand)
                 return (value == "") if op == "-z" else (value != "")
+            if self.assume_defaults:
+                return False  # the documented defaults: no such file, no such variable
             raise _NotKnown  # file tests, -v, ...
         if t == "binary_expression":
             op_node = node.child_by_field_name("operator")

@@ -158,6 +158,8 @@ class Words(Arithmetic):
                 result = self.arith_text(text[3:-2], node)
                 if result is not None:
                     return [Piece(str(result), "quoted" if quoted else "split")]
+            if self.assume_defaults:  # the documented defaults: no command output
+                return [Piece("", "quoted" if quoted else "split")]
             self._add(self.script.substitutions, text)
             return [Piece(text, "verbatim")]
         if t == "process_substitution":
@@ -206,7 +208,7 @@ class Words(Arithmetic):
                 index = int(name) - 1
                 return self.positional[index] if index < len(self.positional) else None
             self._add(self.script.arguments, "$" + name)
-            return _Unknown("a script argument")
+            return None if self.assume_defaults else _Unknown("a script argument")
         if name == "#":
             if isinstance(self.positional, list):
                 return (Piece(str(len(self.positional)), "quoted"),)
@@ -222,7 +224,7 @@ class Words(Arithmetic):
             return None  # the script sets it, but not before this point: empty, as bash sees it
         if name in self.environment:  # given by the caller: the environment the script runs in
             return (Piece(self.environment[name], "quoted"),)
-        return _Unknown("environment")
+        return None if self.assume_defaults else _Unknown("environment")
 
     def _verbatim(self, text: str, value: _Unknown, name: str) -> list[Piece]:
         if value.reason == "environment":
