@@ -342,6 +342,10 @@ class Words(Arithmetic):
             if from_env:
                 if op in (":?", "?"):  # the script stops without it: it must come from the environment
                     return self._verbatim(text, _Unknown("environment"), name)
+                if op in (":+", "+") and isinstance(value, _Unknown) and value.reason == "environment" \
+                        and not self.assume_defaults:
+                    # ${X:+-$X} of a variable the script never sets: kept whole, as $X itself is kept
+                    return self._verbatim(text, value, name)
                 self._add(self.script.defaults, "$" + name if name.isdigit() else name)
                 current = None
             scalar = _scalar(current, index)
