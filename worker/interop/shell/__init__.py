@@ -19,8 +19,8 @@ environment; ``${X:-default}`` of a variable from the environment takes the defa
 Split by concern: ``results`` (what the reading yields and its limits), ``syntax`` (tree-sitter-bash),
 ``values`` (a value as pieces of known and unknown text), ``arithmetic`` (``$(( ))`` and ``(( ))``),
 ``patterns`` (globs and ``=~`` on linear-time matchers), ``words`` (expansion, quote removal, field
-splitting, brace expansion), ``statements`` (the walk: lists, branches, loops, functions, assignments,
-tests) and ``reader`` (the entry point).
+splitting, brace expansion), ``conditions`` (``[ ]``, ``[[ ]]``, ``test``), ``statements`` (the walk: lists,
+branches, loops, functions, assignments) and ``reader`` (the entry point).
 """
 
 from worker.interop.shell.reader import read_script
