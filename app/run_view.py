@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from worker.core import roles
 from worker.core.contract import TERMINAL
+from worker.core.roles import Role
 
 TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch", "restart"})
-ROLE_ORDER = ("actor", "rollout", "reference", "critic")
 # The role whose setting decides each role's attention: rollout and reference share the actor's section.
-SETTING_OF = {"actor": "actor", "rollout": "actor", "reference": "actor", "critic": "critic"}
+SETTING_OF = {role.value: role.setting.value for role in Role}
 # Worst first: a role's badge across its ranks is the worst any rank reported.
 BADGE_SEVERITY = ("error", "fallback", "forced", "override", "default", "ok")
 
@@ -168,7 +169,7 @@ class RunView:
         return max(0.0, elapsed / self.step * (self.total_steps - self.step))
 
     def attention_rows(self) -> list[AttentionRow]:
-        return sorted(self.attention.values(), key=lambda r: (_role_index(r.role), r.role, r.rank if r.rank is not None else -1))
+        return sorted(self.attention.values(), key=lambda r: (roles.order(r.role), r.role, r.rank if r.rank is not None else -1))
 
     def forced_rows(self) -> list[AttentionRow]:
         """One row per role that was forced (rank 0's, or the first rank seen)."""
@@ -188,7 +189,7 @@ class RunView:
             setting = SETTING_OF.get(role)
             if setting and effective != "eager" and setting not in wanted:
                 wanted.append(setting)
-        return sorted(wanted, key=_role_index)
+        return sorted(wanted, key=roles.order)
 
     def role_badges(self) -> list[RoleBadge]:
         return badges_of(self.attention.values())
@@ -196,10 +197,6 @@ class RunView:
     def fell_back(self, role: str) -> bool:
         return any(r.role == role and r.badge == "fallback" for r in self.attention.values()) or any(
             e.kind == "fallback" and e.role == role for e in self.trouble)
-
-
-def _role_index(role: str) -> int:
-    return ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER)
 
 
 def _str(value: Any) -> str | None:
@@ -393,7 +390,7 @@ def badges_of(rows: Iterable[AttentionRow]) -> list[RoleBadge]:
     for row in rows:
         by_role.setdefault(row.role, []).append(row)
     out = []
-    for role in sorted(by_role, key=lambda r: (_role_index(r), r)):
+    for role in sorted(by_role, key=lambda r: (roles.order(r), r)):
         worst = min(by_role[role], key=lambda r: (BADGE_SEVERITY.index(r.badge), r.rank if r.rank is not None else -1))
         out.append(RoleBadge(role=role, requested=worst.requested, effective=worst.effective, badge=worst.badge,
                              ranks=len(by_role[role])))
@@ -405,7 +402,7 @@ def eager_settings(badges: Iterable[RoleBadge]) -> list[str]:
     back or did not load, and it did not end on eager anyway."""
     wanted = {SETTING_OF[b.role] for b in badges
               if b.role in SETTING_OF and b.badge in ("fallback", "error") and b.effective != "eager"}
-    return sorted(wanted, key=_role_index)
+    return sorted(wanted, key=roles.order)
 
 
 # --------------------------------------------------------------------------------------------

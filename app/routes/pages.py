@@ -56,6 +56,7 @@ from app.services.probes import NodeProbe, latest_node_probe
 from app.web import STATIC_DIR, add_security_headers, render, templates
 from worker.attention.resolution import Resolution, resolve
 from worker.core.environment import PROFILES, Environment
+from worker.core.roles import SETTINGS, Role
 from worker.interop.specfile import detect_format
 from worker.interop.verl import VerlImportError, export_command, export_yaml, import_command, import_yaml
 from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, check_spec, flatten, parse_spec
@@ -384,7 +385,7 @@ def eager_roles(run: Run, view: RunView) -> list[str]:
     """The settings a "retry with eager on ..." button is offered for: those whose role fell back or did
     not load, the critic only when the run trains one (gae)."""
     has_critic = (run.spec.get("algorithm") or {}).get("adv_estimator", "gae") == "gae"
-    return [role for role in view.eager_retry_roles() if role != "critic" or has_critic]
+    return [role for role in view.eager_retry_roles() if role != Role.critic.value or has_critic]
 
 
 @router.get("/runs/{run_id}")
@@ -517,11 +518,11 @@ async def retry(request: Request, run_id: int, principal: PageUser, session: Ses
     require_page_write(principal)
     form = await request.form()
     role = str(form.get("eager_on") or "")
-    sections = {"critic": "critic", "actor": "actor_rollout_ref"}
-    if role and role not in sections:
+    keys = {setting.value: setting.attention_key for setting in SETTINGS}
+    if role and role not in keys:
         raise AppError(422, "invalid_request", f"eager_on {role!r} is not a role with its own attention setting",
-                       field="eager_on", value=role, valid=list(sections))
-    patch = {f"{sections[role]}.model.override_config.attn_implementation": "eager"} if role else {}
+                       field="eager_on", value=role, valid=list(keys))
+    patch = {keys[role]: "eager"} if role else {}
     new = await run_in_threadpool(runs_service.retry_run, session, run_id=run_id, patch=patch,
                                   launcher=get_launcher(request))
     return redirect(f"/runs/{new.id}")

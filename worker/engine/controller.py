@@ -40,7 +40,7 @@ from worker.engine.ranks import FreshRanks, RankSource, rank_name
 from worker.engine.ranks import kill as kill_rank
 from worker.ppo import core_algos as ppo_math
 from worker.spec import RunSpec, check_spec, parse_spec, spec_to_tree
-from worker.troubleshoot.classify import EnvFacts, ErrorInfo, classify
+from worker.troubleshoot.classify import ErrorInfo, classify
 
 CANCEL_GRACE_S = 5.0  # a cancelled run lets the ranks' calls in flight finish this long before killing them
 CANCEL_BOUND_S = 15.0
@@ -731,7 +731,7 @@ def _role_failure(exc: RankFailed, load, env: Environment) -> Exception:
         return RoleFailure({"message": f"[{cause.role}] rank {exc.rank}: {last['error']}", "role": cause.role,
                             "rank": exc.rank, "policy": load.policy, "attempts": cause.attempts,
                             "diagnosis": last.get("diagnosis")})
-    diagnosis = classify(ErrorInfo.from_traceback_text(exc.remote_traceback or exc.cause), EnvFacts.of(env))
+    diagnosis = classify(ErrorInfo.from_traceback_text(exc.remote_traceback or exc.cause), env)
     return RoleFailure({"message": str(exc), "role": None, "rank": exc.rank, "policy": load.policy, "attempts": [],
                         "diagnosis": diagnosis.as_dict()})
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from worker.attention import availability
 from worker.attention.resolution import Resolution, RoleResolution, Status
+from worker.core.roles import Role
 from worker.engine.rank import LoadPlan, RolePlan
 from worker.engine.ulysses import base_of
 from worker.spec import RunSpec
@@ -32,27 +33,28 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
     arr = spec.actor_rollout_ref
     policy = spec.attnboard.fallback_policy
 
-    def role_plan(name: str, loader: str, folder: str, override: dict, strategy: str, sp: int, trained: bool,
+    def role_plan(role: Role, loader: str, folder: str, override: dict, strategy: str, sp: int,
                   lr: float, weight_decay: float, checkpointing: bool) -> RolePlan:
+        name = role.value
         r = resolution.roles[name]
         return RolePlan(role=name, loader=loader, folder=folder, override_config=dict(override),
                         candidates=candidates(r, policy), requested=r.requested,
                         forced=r.status == Status.forced.value, reasons=[asdict(x) for x in r.reasons],
-                        strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay,
+                        strategy=strategy, sp=sp, trained=role.trains, lr=lr, weight_decay=weight_decay,
                         gradient_checkpointing=checkpointing_applies(checkpointing, sp),
                         output_attentions=spec.attnboard.debug.output_attentions,
                         compute_dtype=spec.precision(name)[0], master_dtype=spec.precision(name)[1])
 
     roles = [
-        role_plan("actor", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
-                  True, arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing),
-        role_plan("reference", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy,
-                  spec.actor_sp, False, arr.actor.optim.lr, 0.0, False),
+        role_plan(Role.actor, "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
+                  arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing),
+        role_plan(Role.reference, "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy,
+                  spec.actor_sp, arr.actor.optim.lr, 0.0, False),
     ]
     if spec.has_critic:
         assert critic_folder is not None, "a gae run needs the critic's folder"
-        roles.append(role_plan("critic", "value", critic_folder, spec.critic.model.override_config,
-                               spec.critic.strategy, spec.critic_sp, True, spec.critic.optim.lr,
+        roles.append(role_plan(Role.critic, "value", critic_folder, spec.critic.model.override_config,
+                               spec.critic.strategy, spec.critic_sp, spec.critic.optim.lr,
                                spec.critic.optim.weight_decay, spec.critic.model.enable_gradient_checkpointing))
     return LoadPlan(roles=roles, policy=policy, env=env, seed=spec.attnboard.seed)
 

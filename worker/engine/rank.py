@@ -27,9 +27,7 @@ from worker.core.environment import Environment
 from worker.engine import compute, models, ulysses
 from worker.engine.dispatch import Dispatch, Mesh, register
 from worker.engine.observe import observe_attention
-from worker.troubleshoot.classify import EnvFacts, ErrorInfo, classify
-
-ROLES_LOADED = ("actor", "reference", "critic")
+from worker.troubleshoot.classify import ErrorInfo, classify
 
 
 @dataclass
@@ -299,7 +297,7 @@ class RankWorker:
 
     def _load_role(self, p: RolePlan, plan: LoadPlan) -> _Loaded:
         attempts: list[dict[str, Any]] = []
-        facts = EnvFacts.of(plan.env)
+        facts = Environment.from_dict(plan.env)
         for impl in p.candidates:
             refused = load_refusal(impl, p, plan.env)
             if refused is not None:  # recorded and classified exactly as the real failure would be
