@@ -16,7 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from worker.core import roles
+from worker.core.attention_payload import AttentionPayload
 from worker.core.contract import TERMINAL
+from worker.core.events import read_attention
 from worker.core.roles import Role
 
 TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch", "restart"})
@@ -57,34 +59,33 @@ def rank_key(per_rank: str, rank: str) -> str:
 
 @dataclass
 class AttentionRow:
-    """One role on one rank, from its ``attention`` event (or its ``error`` event when it never loaded)."""
+    """One role on one rank, from its ``attention`` event (or its ``error`` event when it never loaded): the
+    payload's fields (``AttentionPayload``, read as attributes of the row) and what the page adds."""
 
-    role: str
-    rank: int | None
-    requested: str | None
-    effective: str | None
-    observed: str | None
-    status: str
-    forced: bool
-    reasons: list[str]
-    source: str | None = None
-    predicted: str | None = None
-    config: str | None = None
-    calls: dict[str, int] = field(default_factory=dict)
-    fallback: bool = False
-    strategy: str | None = None
-    sp: int | None = None
-    sdpa_backend: str | None = None  # the SDPA backend the first forward ran (sdpa only): flash_attention, math, ...
-    sdpa_reason: str | None = None  # why it was math
-    sdpa_op: str | None = None  # the aten op that named it
-    compute_dtype: str | None = None
-    weights_dtype: str | None = None
-    node: str | None = None
-    pid: int | None = None
-    attempt: int = 0
-    """0 for the first ranks; n after the run's n-th restart (the role was observed again on new ranks)."""
+    payload: AttentionPayload
+    reasons: list[str] = field(default_factory=list)
+    """The payload's reasons as sentences (``rule: text``)."""
     before: AttentionRow | None = None
     """The same role and rank before the latest restart, when it ran elsewhere or with another kernel."""
+
+    def __getattr__(self, name: str) -> Any:  # the payload's fields, without listing them again
+        if name == "payload":
+            raise AttributeError(name)
+        return getattr(self.payload, name)
+
+    def fields(self) -> list[tuple[str, Any]]:
+        """Every field of the payload with its value, for the row's details."""
+        return list(self.payload.as_dict().items())
+
+    @property
+    def sdpa_reason(self) -> str | None:
+        """Why the SDPA backend was math."""
+        return self.payload.sdpa_backend_reason
+
+    @property
+    def sdpa_op(self) -> str | None:
+        """The aten op that named the SDPA backend."""
+        return next((r["op"] for r in self.payload.sdpa if isinstance(r.get("op"), str) and r["op"]), None)
 
     @property
     def precision(self) -> str | None:
@@ -229,34 +230,8 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def attention_row(payload: dict[str, Any]) -> AttentionRow:
-    """An ``attention`` payload as a table row."""
-    calls = {str(k): v for k, v in _dict(payload.get("calls")).items() if _int(v) is not None}
-    return AttentionRow(
-        role=_str(payload.get("role")) or "?",
-        rank=_int(payload.get("rank")),
-        requested=_str(payload.get("requested")),
-        effective=_str(payload.get("effective")),
-        observed=_str(payload.get("observed")),
-        status=_str(payload.get("status")) or ("forced" if payload.get("forced") else "ok"),
-        forced=payload.get("forced") is True,
-        reasons=_reasons(payload.get("reasons")),
-        source=_str(payload.get("source")),
-        predicted=_str(payload.get("predicted")),
-        config=_str(payload.get("config_attn_implementation")),
-        calls=calls,
-        fallback=payload.get("fallback") is True,
-        strategy=_str(payload.get("strategy")),
-        sp=_int(payload.get("sp")),
-        sdpa_backend=_str(payload.get("sdpa_backend")),
-        sdpa_reason=_str(payload.get("sdpa_backend_reason")),
-        sdpa_op=next((_str(r.get("op")) for r in payload.get("sdpa") or [] if isinstance(r, dict) and _str(r.get("op"))),
-                     None),
-        compute_dtype=_str(payload.get("compute_dtype")),
-        weights_dtype=_str(payload.get("weights_dtype")),
-        node=_str(payload.get("node")),
-        pid=_int(payload.get("pid")),
-        attempt=_int(payload.get("attempt")) or 0,
-    )
+    """An ``attention`` payload as a table row (read leniently: a malformed field shows as absent)."""
+    return AttentionRow(read_attention(payload), reasons=_reasons(payload.get("reasons")))
 
 
 def failed_role_row(payload: dict[str, Any]) -> AttentionRow | None:
@@ -270,9 +245,9 @@ def failed_role_row(payload: dict[str, Any]) -> AttentionRow | None:
     reasons = [f"tried {', '.join(str(a.get('implementation')) for a in attempts)}"] if attempts else []
     if summary:
         reasons.append(summary)
-    return AttentionRow(role=role, rank=_int(payload.get("rank")),
-                        requested=_str(attempts[0].get("implementation")) if attempts else None, effective=None,
-                        observed=None, status="error", forced=False, reasons=reasons)
+    return AttentionRow(AttentionPayload(role=role, rank=_int(payload.get("rank")), status="error",
+                                         requested=_str(attempts[0].get("implementation")) if attempts else None),
+                        reasons=reasons)
 
 
 def _log_entry(seq: int, ts: datetime | None, kind: str, payload: dict[str, Any]) -> LogEntry:

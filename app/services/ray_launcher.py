@@ -24,14 +24,15 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from app.models import TERMINAL_STATUSES, Run, RunStatus
+from app.models import Run, RunStatus
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_runtime import RayRuntime, RayUnavailable
+from worker.core.contract import ACTIVE, TERMINAL
+from worker.core.devices import run_resources
 
 log = logging.getLogger("attnboard.scheduler")
 
 CONTROLLER_PREFIX = "attnboard-run-"
-ACTIVE = [s.value for s in RunStatus if s not in TERMINAL_STATUSES]
 HOST_CALL_TIMEOUT_S = 30.0
 LAUNCH_TIMEOUT_S = 180.0  # the first launch may have to start the engine host's process
 
@@ -53,11 +54,12 @@ class Need:
 
     @classmethod
     def of_spec(cls, spec: Mapping[str, Any]) -> Need:
-        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each 1 CPU, plus 1 GPU off CPU."""
+        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each asking what
+        ``worker.core.devices.rank_resources`` says (1 CPU, plus 1 GPU off CPU)."""
         trainer = spec.get("trainer", {}) if isinstance(spec, Mapping) else {}
         world = int(trainer.get("nnodes", 1)) * int(trainer.get("n_gpus_per_node", 1))
         device = trainer.get("device", "cuda")
-        return cls({"CPU": world} if device == "cpu" else {"CPU": world, "GPU": world})
+        return cls(run_resources(device, world))
 
     def fits(self, free: Mapping[str, float]) -> bool:
         return all(free.get(k, 0.0) >= v for k, v in self.resources.items())
@@ -336,7 +338,7 @@ def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
         return False
     session.expire_all()
     fresh = session.get(Run, run.id)
-    if fresh is None or fresh.status in {s.value for s in TERMINAL_STATUSES}:
+    if fresh is None or fresh.status in TERMINAL:
         launcher.kill_run(run.id)  # cancelled (or deleted) while it was being launched
     log.info("run %s: launched in the engine host as %s", run.id, name)
     return True

@@ -154,15 +154,15 @@ def test_attention_summary_takes_the_first_rank_of_each_role():
     ]
     summary = attention_summary(payloads)
     assert set(summary) == {"actor", "critic"}
-    assert summary["actor"]["effective"] == "sdpa" and summary["critic"]["status"] == "forced"
+    assert summary["actor"].effective == "sdpa" and summary["critic"].status == "forced"
     restarted = attention_summary([
         *payloads,
         {"role": "actor", "rank": 1, "effective": "eager", "observed": "eager", "attempt": 1, "node": "10.0.0.9"},
         {"role": "actor", "rank": 0, "effective": "sdpa", "observed": "sdpa", "attempt": 1, "node": "10.0.0.8"},
     ])
-    assert (restarted["actor"]["rank"], restarted["actor"]["effective"], restarted["actor"]["node"],
-            restarted["actor"]["attempt"]) == (1, "eager", "10.0.0.9", 1)  # the first rank seen after the restart
-    assert restarted["critic"]["attempt"] == 0
+    assert (restarted["actor"].rank, restarted["actor"].effective, restarted["actor"].node,
+            restarted["actor"].attempt) == (1, "eager", "10.0.0.9", 1)  # the first rank seen after the restart
+    assert restarted["critic"].attempt == 0
 
 
 # --------------------------------------------------------------------------------------------

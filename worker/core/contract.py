@@ -34,6 +34,9 @@ class RunState(str, Enum):
 
 
 TERMINAL = frozenset({RunState.succeeded.value, RunState.failed.value, RunState.cancelled.value})
+"""The final states (values; a ``RunState`` member is found in it too, being a str)."""
+ACTIVE: tuple[str, ...] = tuple(s.value for s in RunState if s.value not in TERMINAL)
+"""Every other state: queued, starting, running."""
 
 NAMESPACE = "attnboard"  # the Ray namespace of the engine host and of the rank actors named after a run
 HOST_NAME = "attnboard-engine"  # the engine host (worker.engine.host) of the standalone runner and tests

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-DEVICES = ("cpu", "cuda", "npu")
+from worker.core.devices import DEVICES
 
 
 class UnknownProfileError(KeyError):

@@ -532,8 +532,8 @@ class Trainer:
         for payload in planning.fallback_payloads(report):
             self.log.emit(Kind.fallback, payload)
         where = self.placements[report["rank"]] if report["rank"] < len(self.placements) else {}
-        payload = {**planning.attention_payload(report, predicted), "node": where.get("node"),
-                   "pid": where.get("pid"), "attempt": self.restarts}
+        payload = planning.attention_payload(report, predicted, node=where.get("node"), pid=where.get("pid"),
+                                             attempt=self.restarts)
         self.log.emit(Kind.attention, payload)
         for mismatch in planning.mismatches(payload):
             self.log.emit(Kind.attention_mismatch, mismatch)

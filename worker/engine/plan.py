@@ -14,6 +14,7 @@ from typing import Any
 
 from worker.attention import availability
 from worker.attention.resolution import Resolution, RoleResolution, Status
+from worker.core.attention_payload import AttentionPayload, status_of
 from worker.core.roles import Role
 from worker.engine.rank import LoadPlan, RolePlan
 from worker.engine.ulysses import base_of
@@ -79,33 +80,11 @@ def checkpointing_note(spec: RunSpec) -> str | None:
             f"recomputed forward would run outside the all-to-all; this run keeps activations instead")
 
 
-def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict[str, Any]:
-    """One ``attention`` event: per role and rank, requested -> effective, observed kernel, forced, reasons."""
-    return {
-        "role": report["role"],
-        "rank": report["rank"],
-        "requested": report["requested"],
-        "source": predicted.source,
-        "predicted": predicted.effective,
-        "effective": report["effective"],
-        "config_attn_implementation": report["config_attn_implementation"],
-        "observed": report["observed"],
-        "calls": report["calls"],
-        "wrappers": report.get("wrappers", {}),
-        "forced": report["forced"],
-        "fallback": report["fallback"],
-        "status": "forced" if report["forced"] else "fallback" if report["fallback"] else "ok",
-        "reasons": report["reasons"],
-        "strategy": report["strategy"],
-        "sp": report["sp"],
-        "output_attentions": report.get("output_attentions", False),  # the first forward asked for the weights
-        # kernel-level truth (``worker.engine.observe``): the SDPA backend that ran, why where it was math
-        "sdpa_backend": report.get("sdpa_backend"),
-        "sdpa_backend_reason": report.get("sdpa_backend_reason"),
-        "sdpa": report.get("sdpa", []),
-        "compute_dtype": report.get("compute_dtype"),  # forward/backward dtype (verl's fsdp_config.dtype)
-        "weights_dtype": report.get("weights_dtype"),  # the weights as held (master, or compute when frozen)
-    }
+def attention_payload(report: dict[str, Any], predicted: RoleResolution, **where: Any) -> dict[str, Any]:
+    """One ``attention`` event (``worker.core.attention_payload.AttentionPayload``): a rank's report with the
+    preview's prediction, the status, and ``where`` it ran (node, pid, attempt)."""
+    return AttentionPayload.of(report, source=predicted.source, predicted=predicted.effective,
+                               status=status_of(report["forced"], report["fallback"]), **where).as_dict()
 
 
 def fallback_payloads(report: dict[str, Any]) -> list[dict[str, Any]]:

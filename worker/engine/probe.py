@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from worker.core.devices import ENGINE_DEVICES
 from worker.core.environment import PROBE_FIELDS
 
 PROBED_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flex_attention")
@@ -126,7 +127,7 @@ def probe_environment(model_folder: str | Path | None = None) -> dict[str, Any]:
     import transformers
 
     facts = _device_facts()
-    backends = sdpa_backends(facts["device"]) if facts["device"] in ("cpu", "cuda") else {}
+    backends = sdpa_backends(facts["device"]) if facts["device"] in ENGINE_DEVICES else {}
     out: dict[str, Any] = {
         "torch_version": torch.__version__.split("+", 1)[0],
         "transformers_version": transformers.__version__,

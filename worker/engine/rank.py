@@ -23,7 +23,9 @@ import torch
 import torch.distributed as dist
 
 from worker.attention.availability import Context, Unavailable, unavailable
+from worker.core.attention_payload import AttentionPayload
 from worker.core.environment import Environment
+from worker.core.roles import Role
 from worker.engine import compute, models, ulysses
 from worker.engine.dispatch import Dispatch, Mesh, register
 from worker.engine.observe import observe_attention
@@ -330,15 +332,14 @@ class RankWorker:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             wrapped, optimizer = self._shard(module, p)
             group = self.sp_groups.get(p.sp, compute.NO_SP)
-            report = {
-                "role": p.role, "rank": self.rank, "requested": p.requested, "effective": impl,
-                "config_attn_implementation": module.config._attn_implementation,
-                **seen, "compute_dtype": p.compute_dtype, "weights_dtype": p.weights_dtype,
-                "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
-                "attempts": attempts, "strategy": p.strategy, "sp": p.sp,
-                "gradient_checkpointing": bool(p.trained and p.gradient_checkpointing),
-                "output_attentions": p.output_attentions,
-            }
+            attention = AttentionPayload(
+                role=p.role, rank=self.rank, requested=p.requested, effective=impl,
+                config_attn_implementation=module.config._attn_implementation,
+                **seen, compute_dtype=p.compute_dtype, weights_dtype=p.weights_dtype,
+                forced=p.forced, fallback=impl != p.candidates[0], reasons=p.reasons, strategy=p.strategy, sp=p.sp,
+                gradient_checkpointing=bool(p.trained and p.gradient_checkpointing), output_attentions=p.output_attentions,
+            )
+            report = {**attention.as_dict(), "attempts": attempts}  # what the controller turns into events
             scaler = compute.grad_scaler(p.compute_dtype, self.device) if p.trained else None
             return _Loaded(wrapped, optimizer, group, Mesh(self.world, p.sp), p, report, scaler)
         raise RoleLoadError(p.role, attempts)
@@ -455,8 +456,9 @@ class RankWorker:
         if self.rollout_report is None:
             with observe_attention() as seen:
                 out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
-            self.rollout_report = {**actor.report, "role": "rollout", **seen.as_dict(), "compute_dtype": dtype,
-                                   "weights_dtype": dtype if model is self.rollout_copy else actor.plan.weights_dtype}
+            attention = AttentionPayload.of(actor.report, role=Role.rollout.value, **seen.as_dict(), compute_dtype=dtype,
+                                            weights_dtype=dtype if model is self.rollout_copy else actor.plan.weights_dtype)
+            self.rollout_report = {**attention.as_dict(), "attempts": actor.report["attempts"]}
         else:
             out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
         return self._to_cpu(out)

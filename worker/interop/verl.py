@@ -34,6 +34,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel
 
+from worker.core import yaml_guard
+from worker.core.limits import MAX_INPUT_BYTES
 from worker.interop.shell import Command, Script, ShellError, Word, read_script
 from worker.spec import (
     ALIASES,
@@ -57,11 +59,6 @@ from worker.spec import (
 )
 from worker.spec.verl_defaults import MANDATORY, VERL_DEFAULTS, VERL_VERSION
 
-MAX_INPUT_BYTES = 1_000_000
-"""Largest command line or YAML document accepted."""
-MAX_YAML_NODES = 20_000
-"""Largest YAML document, counted in values after aliases are expanded (billion-laughs guard)."""
-MAX_YAML_DEPTH = 64
 MAX_INTERPOLATION_DEPTH = 10
 
 DEFAULT_ENTRYPOINT = "python3 -m verl.trainer.main_ppo"
@@ -953,10 +950,10 @@ def _word_for(state: _State, field_name: str) -> Word | None:
 
 
 def _check_size(text: str) -> None:
-    size = len(text.encode("utf-8", errors="replace"))
-    if size > MAX_INPUT_BYTES:
-        raise VerlImportError(f"input is {size} bytes; the limit is {MAX_INPUT_BYTES} bytes",
-                              text[MAX_INPUT_BYTES - 20 : MAX_INPUT_BYTES], MAX_INPUT_BYTES)
+    try:
+        yaml_guard.check_size(text)
+    except yaml_guard.InputTooLarge as exc:
+        raise VerlImportError(str(exc), text[MAX_INPUT_BYTES - 20 : MAX_INPUT_BYTES], MAX_INPUT_BYTES) from None
 
 
 def import_command(text: str) -> ImportResult:
@@ -980,45 +977,7 @@ def import_command(text: str) -> ImportResult:
 # YAML in
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """safe_load with limits: nesting depth while composing, and the number of values after
-    aliases are expanded (an alias bomb composes to a few nodes and expands to billions)."""
-
-    def __init__(self, stream: str):
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self._depth += 1
-        if self._depth > MAX_YAML_DEPTH:
-            mark = self.peek_event().start_mark
-            raise yaml.YAMLError(f"YAML nests deeper than {MAX_YAML_DEPTH} levels at character {mark.index}")
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int]) -> int:
-    ident = id(node)
-    if ident in memo:
-        return memo[ident]
-    if ident in active:
-        raise yaml.YAMLError("YAML aliases form a cycle")
-    active.add(ident)
-    size = 1
-    if isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(child, memo, active) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, memo, active) + _expanded_size(v, memo, active) for k, v in node.value)
-    active.discard(ident)
-    memo[ident] = size
-    if size > MAX_YAML_NODES:
-        raise yaml.YAMLError(f"YAML expands to more than {MAX_YAML_NODES} values (an alias bomb?)")
-    return size
-
-
-def _yaml_overrides(node: yaml.Node, loader: _BoundedLoader, text: str, prefix: str = "") -> list[Override]:
+def _yaml_overrides(node: yaml.Node, loader: yaml_guard.BoundedLoader, text: str, prefix: str = "") -> list[Override]:
     """Leaves of a composed mapping as ``set`` overrides carrying each key's position."""
     out: list[Override] = []
     for key_node, value_node in node.value:
@@ -1062,11 +1021,8 @@ def _decode_tree(value: Any) -> Any:
 def import_yaml(text: str) -> ImportResult:
     """A verl YAML config (nested keys, as in the seed's example) -> a spec and its warnings."""
     _check_size(text)
-    loader = _BoundedLoader(text)
     try:
-        root = loader.get_single_node()
-        if root is not None:
-            _expanded_size(root, {}, set())
+        root, loader = yaml_guard.compose(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         index = mark.index if mark else 0
@@ -1076,8 +1032,7 @@ def import_yaml(text: str) -> ImportResult:
         raise VerlImportError(str(exc), text[:40], 0) from None
     except RecursionError:
         raise VerlImportError("YAML nests too deeply", text[:40], 0) from None
-    finally:
-        loader.dispose()
+    loader.dispose()  # as safe_load does; constructing from the composed nodes still works
     state = _State()
     if root is None:
         return _finish(state, text)
