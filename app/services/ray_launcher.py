@@ -27,19 +27,16 @@ from sqlmodel import Session, col, select
 from app.models import Run, RunStatus
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_runtime import RayRuntime, RayUnavailable
-from worker.core.contract import ACTIVE, TERMINAL
+from worker.core.contract import ACTIVE, TERMINAL, run_name
 from worker.core.devices import run_resources
 
 log = logging.getLogger("attnboard.scheduler")
 
-CONTROLLER_PREFIX = "attnboard-run-"
 HOST_CALL_TIMEOUT_S = 30.0
 LAUNCH_TIMEOUT_S = 180.0  # the first launch may have to start the engine host's process
 
 
-def controller_name(run_id: int) -> str:
-    """A run's name in the engine and its ``ray_job`` (the worker's ``controller_name`` of ``str(run_id)``)."""
-    return f"{CONTROLLER_PREFIX}{run_id}"
+controller_name = run_name  # a run's name in the engine and its ``ray_job``
 
 
 # --------------------------------------------------------------------------------------------

@@ -261,3 +261,10 @@ def test_each_database_gets_its_own_engine_host(tmp_path, monkeypatch):
     assert all(name.startswith("attnboard-engine-") for name in (relative, other_file, postgres))
     assert database_identity("postgresql+psycopg://u:one@h:5432/d") == database_identity("postgresql+psycopg://u:two@h:5432/d")
     assert "one" not in database_identity("postgresql+psycopg://u:one@h:5432/d")
+
+
+def test_a_runs_ray_job_is_its_name_in_the_engine():
+    from app.services.ray_launcher import controller_name
+    from worker.core.contract import run_name
+
+    assert controller_name(7) == run_name(7) == "attnboard-run-7"

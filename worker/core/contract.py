@@ -42,6 +42,17 @@ NAMESPACE = "attnboard"  # the Ray namespace of the engine host and of the rank 
 HOST_NAME = "attnboard-engine"  # the engine host (worker.engine.host) of the standalone runner and tests
 
 
+def run_name(run_id: str | int) -> str:
+    """A run's name in the engine (its controller; the app's ``ray_job``): ``attnboard-run-<run_id>``."""
+    return f"attnboard-run-{run_id}"
+
+
+def rank_name(run_id: str | int, rank: int) -> str:
+    """The name of a fresh rank actor of a run: ``attnboard-run-<run_id>-rank<rank>`` (pooled warm ranks are
+    unnamed: they belong to no run while warm)."""
+    return f"{run_name(run_id)}-rank{rank}"
+
+
 def host_name(scope: str | None = None) -> str:
     """``attnboard-engine``, or ``attnboard-engine-<10 hex digits>`` for a scope (e.g. the app's database).
 

@@ -27,7 +27,7 @@ import torch
 from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 
 from worker.attention.resolution import ModelSupport, resolve
-from worker.core.contract import NAMESPACE
+from worker.core.contract import ACTIVE, NAMESPACE, rank_name, run_name
 from worker.core.environment import Environment
 from worker.engine import checkpoint, compute, models
 from worker.engine import plan as planning
@@ -36,7 +36,7 @@ from worker.engine.dispatch import Dispatch, Mesh, check_resources, concat_batch
 from worker.engine.events import Event, EventLog, Kind, RunState
 from worker.engine.probe import environment_fields
 from worker.engine.rank import RankWorker, RoleLoadError
-from worker.engine.ranks import FreshRanks, RankSource, rank_name
+from worker.engine.ranks import FreshRanks, RankSource
 from worker.engine.ranks import kill as kill_rank
 from worker.ppo import core_algos as ppo_math
 from worker.spec import RunSpec, check_spec, parse_spec, spec_to_tree
@@ -48,12 +48,10 @@ CANCEL_BOUND_S = 15.0
 killed, and one still stuck after that (e.g. in a read that never returns) is left behind with the run
 marked cancelled."""
 LIVENESS_TIMEOUT_S = 2.0
-STATE_ORDER = (RunState.queued.value, RunState.starting.value, RunState.running.value)
+STATE_ORDER = ACTIVE  # queued -> starting -> running
 
 
-def controller_name(run_id: str) -> str:
-    """The name of a run in the engine (and the app's ``ray_job``): ``attnboard-run-<run_id>``."""
-    return f"attnboard-run-{run_id}"
+controller_name = run_name  # the name of a run in the engine (and the app's ``ray_job``)
 
 
 def run_actor_names(run_id: str) -> set[str]:

@@ -25,18 +25,13 @@ from typing import Any, Protocol
 
 import ray
 
-from worker.core.contract import NAMESPACE
+from worker.core.contract import NAMESPACE, rank_name
 from worker.core.devices import ENGINE_DEVICES, actor_options, rank_resources
 from worker.engine.rank import RankWorker
 
 log = logging.getLogger("attnboard.engine.ranks")
 
 RESET_TIMEOUT_S = 30.0
-
-
-def rank_name(run_id: str, rank: int) -> str:
-    """The name of a fresh rank actor; pooled ranks are unnamed (they belong to no run while warm)."""
-    return f"attnboard-run-{run_id}-rank{rank}"
 
 
 def start_rank(device: str, rank: int = 0, world: int = 1, run_id: str = "", **options: Any) -> Any:
