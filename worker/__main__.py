@@ -24,6 +24,7 @@ from typing import Any
 
 from worker.core import roles
 from worker.core.attention_payload import SUMMARY_FIELDS, cell
+from worker.core.contract import TERMINAL
 
 EXIT = {"succeeded": 0, "failed": 1, "cancelled": 3}
 
@@ -69,7 +70,7 @@ class _Console:
             if p["state"] == "running" and self.task is None:
                 self.progress.start()
                 self.task = self.progress.add_task("PPO", total=p.get("total_steps"), info="")
-            if p["state"] in ("succeeded", "failed", "cancelled"):
+            if p["state"] in TERMINAL:
                 self.close()
                 self._print_attention()
             self.console.print(f"[cyan]status[/] {p['state']}: {escape(str(p.get('reason', '')))}")
