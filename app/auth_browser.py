@@ -77,7 +77,7 @@ def session_authenticator(request: Request, session: Session) -> Principal | Non
 
 
 def csrf_token_for(request: Request) -> str:
-    """The CSRF token this browser must send back; a fresh pre-session one is set by ``render``."""
+    """The CSRF token this browser must send back; a fresh pre-session one is set by ``app.web.render``."""
     data = read_session(request)
     if data is not None:
         return str(data["c"])
@@ -85,16 +85,11 @@ def csrf_token_for(request: Request) -> str:
     if existing:
         return existing
     token = secrets.token_urlsafe(24)
-    request.state.new_csrf_cookie = _signer(request, "csrf").dumps(token)
+    # Set by ``app.web.render`` on the answer (``pending_cookies``): a newly minted pre-session token.
+    request.state.pending_cookies = [(CSRF_COOKIE, _signer(request, "csrf").dumps(token),
+                                      {"max_age": SESSION_MAX_AGE_S, "httponly": True, "samesite": "lax",
+                                       "secure": request.url.scheme == "https", "path": "/"})]
     return token
-
-
-def set_pending_cookies(request: Request, response: Response) -> None:
-    """Called by ``app.web.render``: store a newly minted pre-session CSRF token."""
-    value = getattr(request.state, "new_csrf_cookie", None)
-    if value:
-        response.set_cookie(CSRF_COOKIE, value, max_age=SESSION_MAX_AGE_S, httponly=True, samesite="lax",
-                            secure=request.url.scheme == "https", path="/")
 
 
 async def check_csrf(request: Request) -> None:

@@ -14,15 +14,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from app import auth_browser
 from app.core.config import Settings, database_identity, get_settings
 from app.db import make_engine, run_migrations
 from app.errors import ERROR_RESPONSES, install_error_handlers
 from app.middleware import BodySizeLimit
 from app.models import Run
-from app.routes import health, pages, runs, specs, tokens, tools, trials, troubleshooting
+from app.routes import compare, health, live_run, login, new_run, runs, runs_list, specs, tokens, tools, trials, troubleshooting
 from app.services import trials as trials_service
 from app.services.auth import bearer_authenticator
 from app.services.feeds import RunFeeds
@@ -30,11 +32,14 @@ from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
 from app.services.ray_launcher import ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
+from app.web import STATIC_DIR
 from worker.core.contract import host_name
 
 log = logging.getLogger("attnboard")
 
 API_ROUTERS = (health.router, specs.router, runs.router, tools.router, tokens.router)
+# The dashboard, one module per page; /runs/new before /runs/{run_id}.
+PAGE_ROUTERS = (new_run.router, live_run.router, runs_list.router, login.router, compare.router)
 
 
 def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None, migrate: bool = True,
@@ -79,9 +84,11 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     for router in API_ROUTERS:
         app.include_router(router)
 
-    # ---- dashboard (owned by the dashboard engineer): add the pages router below this line.
-    pages.install(app)
-    # ---- end dashboard
+    # The dashboard: its pages, its static files, and the session cookie as a second authenticator.
+    for router in PAGE_ROUTERS:
+        app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.state.authenticators.append(auth_browser.session_authenticator)
     for module in (troubleshooting, trials):  # the troubleshooting log and the attention trials (issue 6)
         app.include_router(module.router)
         app.include_router(module.pages)

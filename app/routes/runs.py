@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
+from fastapi import APIRouter, Body, Path, Query, Request, Response, status
 
 from app.deps import (
     LauncherDep,
+    Read,
     SessionDep,
     SettingsDep,
+    Write,
     reader_of,
-    require_read,
-    require_write,
     serving_lifespan,
 )
 from app.errors import LAUNCH_RESPONSES
@@ -40,7 +40,6 @@ from app.services import checkpoints, events, interop, pump, reads, runs
 from app.services.events import MAX_EVENTS_PAGE
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], lifespan=serving_lifespan)
-Read, Write = [Depends(require_read)], [Depends(require_write)]
 RunId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A run's id.")]
 MAX_EVENTS_PER_POST = 1000
 

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from pydantic import ConfigDict, Field
 
-from app.deps import SettingsDep, require_token
+from app.deps import ModelRoots, require_token
 from app.models import EXAMPLE_SPEC, _Request
 from app.services import interop
 
@@ -35,11 +35,11 @@ class ImportRequest(_Request):
 
 
 @router.post("/resolve", dependencies=[Depends(require_token)])
-def resolve(body: ResolveRequest, settings: SettingsDep) -> dict[str, Any]:
+def resolve(body: ResolveRequest, roots: ModelRoots) -> dict[str, Any]:
     """Per role: requested, source, effective, status and reasons, on the given environment; and every
     issue a launch would refuse (Ulysses sizes against the model's heads when its folder is readable)."""
     return interop.resolve_preview(spec=body.spec, environment=body.environment,
-                                   model_roots=list(settings.MODEL_ROOTS))
+                                   model_roots=roots)
 
 
 @router.post("/import", dependencies=[Depends(require_token)])

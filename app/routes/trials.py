@@ -9,40 +9,36 @@ or ``?ids=1,2`` side by side), ``/trials/{id}`` (refreshes itself until the tria
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import CurrentPrincipal, SessionDep, require_read, require_write
+from app.deps import (
+    CSRF,
+    CurrentPrincipal,
+    ModelRoots,
+    PageUser,
+    Read,
+    SessionDep,
+    TrialStarter,
+    Write,
+    require_page_write,
+)
 from app.errors import AppError
 from app.models import INT32_MAX
 from app.models_troubleshooting import MAX_TRIAL_STEPS, TrialCreate, TrialPublic, TrialsPublic, TrialStatus
-from app.routes.pages import CSRF, FormState, PageUser, page_context, redirect, require_page_write
 from app.routes.params import Limit, Offset
 from app.services import trials as service
-from app.web import render
+from app.views.new_run import FormState, multi
+from app.web import page_context, redirect, render
 from worker.core.implementations import FALLBACK_CHAIN
 
 router = APIRouter(prefix="/api/trials", tags=["trials"])
 pages = APIRouter(tags=["pages"], include_in_schema=False)
-Read, Write = [Depends(require_read)], [Depends(require_write)]
 TrialId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A trial's id.")]
 TERMINAL = (TrialStatus.succeeded.value, TrialStatus.failed.value)
-
-
-def get_trial_starter(request: Request) -> Callable[[int], Any]:
-    """How a new trial starts: a background thread, on the Ray launcher's cluster when one is attached."""
-    app = request.app
-    launcher = app.state.launcher
-    connect = getattr(launcher, "connect", None) or service.connect_local_ray
-    roots = list(app.state.settings.MODEL_ROOTS)
-    return lambda trial_id: service.start_in_thread(app.state.engine, trial_id, model_roots=roots, connect=connect)
-
-
-TrialStarter = Annotated[Callable[[int], Any], Depends(get_trial_starter)]
 
 
 def _ids(text: str) -> list[int]:
@@ -99,12 +95,12 @@ def trial_page(request: Request, trial_id: int, _: PageUser, session: SessionDep
 
 
 @pages.post("/trials/from-form", dependencies=CSRF)
-async def trial_from_form(request: Request, principal: PageUser, session: SessionDep, start: TrialStarter) -> Response:
+async def trial_from_form(request: Request, principal: PageUser, session: SessionDep, start: TrialStarter,
+                          roots: ModelRoots) -> Response:
     """The new-run form's second button: the same fields, run as a trial of the fallback chain's implementations."""
     require_page_write(principal)
-    submitted = await request.form()
-    form = {key: [v for v in submitted.getlist(key) if isinstance(v, str)] for key in submitted}
-    state = FormState(form)
+    form = multi(await request.form())
+    state = FormState(form, model_roots=roots)
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
     steps_text = (form.get("trial_steps") or ["3"])[-1]

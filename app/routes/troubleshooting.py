@@ -10,11 +10,21 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import CurrentPrincipal, LauncherDep, SessionDep, get_launcher, require_read, require_write
+from app.deps import (
+    CSRF,
+    CurrentPrincipal,
+    LauncherDep,
+    PageUser,
+    Read,
+    SessionDep,
+    Write,
+    get_launcher,
+    require_page_write,
+)
 from app.errors import LAUNCH_RESPONSES, AppError
 from app.models import INT32_MAX, RunPublic
 from app.models_troubleshooting import (
@@ -27,14 +37,12 @@ from app.models_troubleshooting import (
     RecheckCreate,
     RecheckPublic,
 )
-from app.routes.pages import CSRF, PageUser, page_context, redirect, require_page_write
 from app.routes.params import Limit, NameFilter, Offset
 from app.services import troubleshooting as service
-from app.web import render
+from app.web import page_context, redirect, render
 
 router = APIRouter(prefix="/api/troubleshooting", tags=["troubleshooting"])
 pages = APIRouter(tags=["pages"], include_in_schema=False)
-Read, Write = [Depends(require_read)], [Depends(require_write)]
 EntryId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A troubleshooting entry's id.")]
 Text = Annotated[str | None, Query(max_length=200)]
 

@@ -106,7 +106,7 @@ def events_since(session: Session, *, run_id: int, after_seq: int = 0, limit: in
 
 def attention_events(session: Session, *, run_ids: Sequence[int]) -> dict[int, list[tuple[str, dict]]]:
     """The ``attention`` and ``error`` events ``(kind, payload)`` of each run in ``run_ids``, oldest first:
-    what the runs list folds into one attention badge per role (``app.run_view.role_badges``)."""
+    what the runs list folds into one attention badge per role (``app.views.run_view.role_badges``)."""
     out: dict[int, list[tuple[str, dict]]] = {run_id: [] for run_id in run_ids}
     if not run_ids:
         return out

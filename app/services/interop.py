@@ -2,7 +2,9 @@
 
 The rules themselves live in the worker package (``worker.attention.resolution``, ``worker.interop.verl``); this module
 turns their exceptions into errors naming the field, the value and what is valid, and guards the YAML
-parser against alias bombs and runaway nesting before the text reaches it.
+parser against alias bombs and runaway nesting before the text reaches it. Every import of the app goes
+through ``import_spec`` (``POST /api/import`` and the new-run form's import), under the worker's limits
+(``MAX_INPUT_BYTES``, ``MAX_YAML_NODES``: one set, ``worker.core.limits``; one YAML guard, ``worker.core.yaml_guard``).
 """
 
 from __future__ import annotations
@@ -102,8 +104,9 @@ def _line_at(text: str, mark: Any) -> str | None:
     return lines[mark.line][:200] if 0 <= mark.line < len(lines) else None
 
 
-def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
-    """A verl command line or YAML -> {"format", "spec", "warnings", "overrides"}."""
+def import_spec(*, text: str, format: ImportFormat = "auto") -> tuple[str, verl.ImportResult]:
+    """A verl command line or YAML -> (its format, the import), behind the size and YAML guards; every
+    refusal is an AppError naming the field (``text``, or the spec key at fault), the value and what is valid."""
     size = utf8_size(text)
     if size > MAX_INPUT_BYTES:
         raise AppError(422, "text_too_long", f"text: {size} bytes is too long; valid: at most {MAX_INPUT_BYTES} bytes",
@@ -115,7 +118,7 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
     if fmt == "yaml":
         check_yaml_safety(text)
     try:
-        result = verl.import_yaml(text) if fmt == "yaml" else verl.import_command(text)
+        return fmt, verl.import_yaml(text) if fmt == "yaml" else verl.import_command(text)
     except verl.VerlImportError as exc:
         spec_issues = [_plain(i) for i in exc.issues]
         field = spec_issues[0]["field"] if spec_issues and isinstance(spec_issues[0], dict) else "text"
@@ -129,6 +132,11 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
         raise AppError.from_spec_error(exc) from None
     except RecursionError:
         raise AppError(422, "import_error", "text: nested too deeply", field="text", valid=IMPORT_VALID) from None
+
+
+def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
+    """A verl command line or YAML -> {"format", "spec", "warnings", "overrides"}."""
+    fmt, result = import_spec(text=text, format=format)
     spec = result.spec
     tree = spec_to_tree(spec) if isinstance(spec, RunSpec) else spec
     return {"format": fmt, "spec": tree, "warnings": _plain(result.warnings),

@@ -125,8 +125,7 @@ def test_the_run_page_shows_the_restart_and_where_the_restarted_ranks_ran(client
 
 def test_the_stream_sends_the_restart_the_checkpoints_and_the_resume_offer(client, session, root):
     from app.models import Run
-    from tests.app.pages_support import engine_events, stored_run
-    from tests.app.test_pages import parse_sse
+    from tests.app.pages_support import engine_events, parse_sse, stored_run
 
     events = engine_events("succeeded")
     restart = {"message": "restart 1 of 2: rank 0 died; resuming from step 2", "cause": "rank 0 died", "rank": 0,

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.app.factories import HEADS_ERRORS, sp4_spec
+
 SEED = Path(__file__).resolve().parents[1] / "fixtures" / "seed"
 ATTNBOARD = [sys.executable, "-m", "app.cli"]
 
@@ -155,34 +157,8 @@ def test_token_create_rejects_an_unknown_scope(tmp_path):
 # --------------------------------------------------------------------------------------------
 # resolve runs the checks of POST /api/resolve (one function: worker.attention.preview.preview)
 
-# Qwen2.5-0.5B's config.json: 14 attention heads, 2 key/value heads.
-QWEN2_05B_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936,
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16", "use_sliding_window": False, "hidden_act": "silu",
-}
-HEADS_ERRORS = [
-    "[actor] ulysses_sequence_parallel_size (4) must divide the model's num_attention_heads (14, Qwen2ForCausalLM)",
-    "[actor] ulysses_sequence_parallel_size (4) must divide the model's num_key_value_heads (2, Qwen2ForCausalLM)",
-]
-
-
-def _sp4_spec(tmp_path: Path) -> tuple[Path, dict]:
-    model = tmp_path / "models" / "qwen2-0.5b"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps(QWEN2_05B_CONFIG))
-    spec = {"actor_rollout_ref.model.path": str(model),
-            "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": 4,
-            "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
-            "algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 2,
-            "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
-            "trainer.n_gpus_per_node": 8}
-    return model, spec
-
-
 def test_resolve_sp4_on_a_14_head_2_kv_head_model_is_exit_2_naming_both(tmp_path):
-    _, spec = _sp4_spec(tmp_path)
+    _, spec = sp4_spec(tmp_path)
     spec_file = tmp_path / "sp4.json"
     spec_file.write_text(json.dumps(spec))
     proc = run("resolve", str(spec_file), "--env", "cuda-sm90-fa2", "--json")
@@ -196,7 +172,7 @@ def test_resolve_sp4_on_a_14_head_2_kv_head_model_is_exit_2_naming_both(tmp_path
 def test_resolve_over_http_reports_the_same_issues(tmp_path, make_client, session):
     from tests.conftest import _token_headers
 
-    model, spec = _sp4_spec(tmp_path)
+    model, spec = sp4_spec(tmp_path)
     client = make_client(MODEL_ROOTS=[model.parent])
     headers = _token_headers(session, ["read"])
     body = client.post("/api/resolve", json={"spec": spec, "environment": "cuda-sm90-fa2"}, headers=headers).json()

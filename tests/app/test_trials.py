@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
+from app.deps import get_trial_starter
 from app.models_troubleshooting import Trial, TrialCreate, TrialStatus
-from app.routes.trials import get_trial_starter
 from app.services import trials as trials_service
 from tests.app.factories import tiny_spec
 from tests.app.pages_support import csrf_of, login, soup

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.run_form import FormError, form_to_spec_data
+from app.views.run_form import FormError, form_to_spec_data
 from worker.core.limits import MAX_YAML_NODES
 
 BOMB = "{a: &a [1,2,3,4,5,6,7,8,9,10], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], " \
