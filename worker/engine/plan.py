@@ -12,9 +12,12 @@ import itertools
 from dataclasses import asdict
 from typing import Any
 
+from pydantic import BaseModel
+
 from worker.attention import availability
 from worker.attention.resolution import Resolution, RoleResolution, Status
 from worker.core.attention_payload import AttentionPayload, status_of
+from worker.core.events import AttentionMismatchPayload, FallbackPayload
 from worker.core.roles import Role
 from worker.engine.rank import LoadPlan, RolePlan
 from worker.engine.ulysses import base_of
@@ -88,33 +91,38 @@ def attention_payload(report: dict[str, Any], predicted: RoleResolution, **where
 
 
 def fallback_payloads(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One ``fallback`` event per failed attempt that a later implementation replaced (``refused_by``: the rule
-    of the availability check that refused it before any load, when it did)."""
+    """One ``fallback`` event (``FallbackPayload``) per failed attempt that a later implementation replaced
+    (``refused_by``: the rule of the availability check that refused it before any load, when it did)."""
     out = []
     attempts = report["attempts"]
     for failed, nxt in itertools.pairwise(attempts):
         if failed["ok"]:
             continue
-        out.append({"role": report["role"], "rank": report["rank"], "from": failed["implementation"],
-                    "to": nxt["implementation"], "error": failed["error"], "diagnosis": failed["diagnosis"],
-                    # refused by the rank's availability check (rule id) rather than by a real load
-                    **({"refused_by": failed["refused_by"]} if "refused_by" in failed else {})})
+        refused = {"refused_by": failed["refused_by"]} if "refused_by" in failed else {}
+        out.append(_dumped(FallbackPayload(role=report["role"], rank=report["rank"], from_=failed["implementation"],
+                                           to=nxt["implementation"], error=failed["error"],
+                                           diagnosis=failed["diagnosis"], **refused)))
     return out
 
 
 def mismatches(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """Disagreements between the preview, the loaded config and the observed kernel, one payload each."""
+    """Disagreements between the preview, the loaded config and the observed kernel, one
+    ``AttentionMismatchPayload`` each."""
     out = []
-    effective = payload["effective"]
+    role, rank, effective = payload["role"], payload["rank"], payload["effective"]
     if payload["predicted"] is not None and payload["predicted"] != effective:
-        out.append({"role": payload["role"], "rank": payload["rank"], "what": "resolution-vs-loaded",
-                    "expected": payload["predicted"], "actual": effective,
-                    "message": f"[{payload['role']}] the preview predicted {payload['predicted']}, "
-                               f"but rank {payload['rank']} loaded {effective}"})
+        out.append(_dumped(AttentionMismatchPayload(
+            role=role, rank=rank, what="resolution-vs-loaded", expected=payload["predicted"], actual=effective,
+            message=f"[{role}] the preview predicted {payload['predicted']}, but rank {rank} loaded {effective}")))
     observed = payload["observed"]
     if observed is None or base_of(observed) != base_of(effective):
-        out.append({"role": payload["role"], "rank": payload["rank"], "what": "loaded-vs-observed",
-                    "expected": effective, "actual": observed, "calls": payload["calls"],
-                    "message": f"[{payload['role']}] rank {payload['rank']} loaded {effective}, but the first forward "
-                               f"called {observed or 'no attention function'} ({payload['calls']})"})
+        out.append(_dumped(AttentionMismatchPayload(
+            role=role, rank=rank, what="loaded-vs-observed", expected=effective, actual=observed, calls=payload["calls"],
+            message=f"[{role}] rank {rank} loaded {effective}, but the first forward called "
+                    f"{observed or 'no attention function'} ({payload['calls']})")))
     return out
+
+
+def _dumped(model: BaseModel) -> dict[str, Any]:
+    """A payload model as the event's JSON payload: the fields given, by their wire names (``from``)."""
+    return model.model_dump(mode="json", by_alias=True, exclude_unset=True)
