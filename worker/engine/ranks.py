@@ -27,7 +27,6 @@ import ray
 
 from worker.core.contract import NAMESPACE, rank_name
 from worker.core.devices import ENGINE_DEVICES, actor_options, rank_resources
-from worker.engine.rank import RankWorker
 
 log = logging.getLogger("attnboard.engine.ranks")
 
@@ -37,6 +36,8 @@ RESET_TIMEOUT_S = 30.0
 def start_rank(device: str, rank: int = 0, world: int = 1, run_id: str = "", **options: Any) -> Any:
     """A new rank actor asking Ray for its resources (``worker.core.devices.rank_resources``); ``options`` add e.g.
     a name."""
+    from worker.engine.rank import RankWorker  # torch: imported where a rank starts, so the pool's users need none
+
     return ray.remote(RankWorker).options(**actor_options(device), max_restarts=0, **options).remote(
         rank, world, run_id, device)
 
