@@ -29,7 +29,7 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from app.models import Run, RunStatus
-from app.models_troubleshooting import TRIAL_TERMINAL, Trial, TrialStatus
+from app.models_troubleshooting import TRIAL_ACTIVE, TRIAL_TERMINAL, Trial, TrialStatus
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_runtime import RayRuntime, RayUnavailable
 from app.services.trials import engine_request, job_name
@@ -338,9 +338,6 @@ class RayLauncher:
 
 # --------------------------------------------------------------------------------------------
 # One scheduling pass (database + Ray)
-
-
-TRIAL_ACTIVE = [TrialStatus.queued.value, TrialStatus.running.value]
 
 
 def schedule(session: Session, launcher: RayLauncher) -> list[int]:

@@ -53,6 +53,11 @@ def rank_name(run_id: str | int, rank: int) -> str:
     return f"{run_name(run_id)}-rank{rank}"
 
 
+def trial_name(trial_id: str | int) -> str:
+    """A trial's name in the engine host (the app's ``engine_job``): ``attnboard-trial-<trial_id>``."""
+    return f"attnboard-trial-{trial_id}"
+
+
 def host_name(scope: str | None = None) -> str:
     """``attnboard-engine``, or ``attnboard-engine-<10 hex digits>`` for a scope (e.g. the app's database).
 
