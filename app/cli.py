@@ -84,13 +84,16 @@ def _warn(text: str) -> None:
 def print_resolution(resolution: Resolution) -> None:
     """A table of the four roles (with what verl's rollout engine runs, where it picks its own backend), then
     each role's ordered reasons (rule id and sentence)."""
-    table = Table(title=f"attention per role on {resolution.environment} (policy {resolution.policy})",
+    table = Table(title=f"attention per role on {resolution.environment} (policy {resolution.policy}, "
+                        f"verl model_engine={resolution.model_engine})",
                   title_justify="left")
     for column in ("role", "requested", "source", "effective", "status", "under verl"):
         table.add_column(column, no_wrap=True)
     for role in resolution.roles.values():
         status = Text(role.status, style=STATUS_STYLE.get(role.status, ""))
-        under_verl = role.under_verl.effective if role.under_verl else "-"
+        engine = role.verl_engine
+        under_verl = (role.under_verl.effective if role.under_verl
+                      else (engine.effective or "refused") if engine else "-")
         table.add_row(role.role, role.requested, role.source, role.effective or "-", status, under_verl)
     out.print(table)
     for role in resolution.roles.values():
@@ -99,6 +102,14 @@ def print_resolution(resolution: Resolution) -> None:
             out.print(Text.assemble("  ", (f"[{reason.rule}]", "cyan"), f" {reason.text}"))
         if role.error:
             out.print(Text.assemble("  ", ("error: ", "bold red"), role.error))
+        if role.verl_engine:
+            engine = role.verl_engine
+            out.print(Text(f"  under verl (model_engine={engine.engine}): {engine.key}={engine.requested} "
+                           f"({engine.source}) -> {engine.effective or 'refused'}"))
+            for reason in engine.reasons:
+                out.print(Text.assemble("    ", (f"[{reason.rule}]", "cyan"), f" {reason.text}"))
+            if engine.error:
+                out.print(Text.assemble("    ", ("verl error: ", "bold red"), engine.error))
 
 
 @cli.command("resolve")

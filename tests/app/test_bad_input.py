@@ -194,7 +194,7 @@ def test_bad_input_is_a_clear_4xx(client, write_headers, existing, method, path,
 @pytest.mark.parametrize("body,field,known", [
     ({"spec": {}, "colour": "red"}, "colour", ["environment", "name", "spec", "spec_id"]),
     ({"spec": {"": 1}}, "spec.", ["actor_rollout_ref", "algorithm", "attnboard", "critic", "custom_reward_function",
-                                  "data", "trainer"]),
+                                  "data", "model_engine", "trainer"]),
 ])
 def test_an_unknown_key_lists_the_valid_ones(client, write_headers, body, field, known):
     error = client.post("/api/runs", json=body, headers=write_headers).json()["error"]

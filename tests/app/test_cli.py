@@ -197,3 +197,49 @@ def test_import_of_a_launch_script_lists_the_pass_through(tmp_path):
     data = json.loads(run("import", str(script), "--json").stdout)
     assert data["spec"]["verl_passthrough"]["+reward_model.reward_kwargs.overlong_buffer_cfg.len"] == 4096
     assert data["verl_passthrough"] == data["spec"]["verl_passthrough"]
+
+
+VEOMNI_SCRIPT = """#!/usr/bin/env bash
+set -xeuo pipefail
+python3 -m verl.trainer.main_ppo \\
+    model_engine=veomni \\
+    algorithm.adv_estimator=gae \\
+    actor_rollout_ref.model.path=builtin:tiny-qwen2 \\
+    critic.model.path=builtin:tiny-qwen2 \\
+    actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2 \\
+    critic.veomni.attn_implementation=sdpa \\
+    actor_rollout_ref.rollout.name=vllm
+"""
+
+
+def test_resolve_a_veomni_script_shows_verls_rename_and_the_critics_own_key(tmp_path):
+    """model_engine=veomni: VeOmni renames flash_attention_2 for actor and reference (which inherits the actor's
+    key) and honours the critic's own critic.veomni.attn_implementation; the table and the JSON say so."""
+    script = tmp_path / "run_qwen_veomni.sh"
+    script.write_text(VEOMNI_SCRIPT)
+    proc = run("resolve", str(script), "--env", "cuda-sm90-fa2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["model_engine"] == "veomni"
+    engine = {name: role["verl_engine"] for name, role in data["roles"].items() if role["verl_engine"]}
+    assert {name: (e["key"], e["requested"], e["source"], e["effective"]) for name, e in engine.items()} == {
+        "actor": ("actor_rollout_ref.actor.veomni.attn_implementation", "flash_attention_2", "set",
+                  "veomni_flash_attention_2_with_sp"),
+        "reference": ("actor_rollout_ref.ref.veomni.attn_implementation", "flash_attention_2", "inherited",
+                      "veomni_flash_attention_2_with_sp"),
+        "critic": ("critic.veomni.attn_implementation", "sdpa", "set", "sdpa"),
+    }
+    assert "verl-engine-rewrite" in [r["rule"] for r in engine["actor"]["reasons"]]
+    assert "verl-critic-honoured" in [r["rule"] for r in engine["critic"]["reasons"]]
+
+    table = run("resolve", str(script), "--env", "cuda-sm90-fa2")
+    assert table.returncode == 0, table.stderr
+    rows = {line.strip("│┃ ").split()[0]: line for line in table.stdout.splitlines() if "│" in line}
+    assert rows["actor"].rstrip(" │").endswith("veomni_flash_attention_2_with_sp")
+    assert rows["critic"].rstrip(" │").endswith("sdpa")
+    assert ("under verl (model_engine=veomni): actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2 "
+            "(set) -> veomni_flash_attention_2_with_sp") in table.stdout
+    assert ("[verl-engine-rewrite] VeOmniEngineConfig.__post_init__ renames flash_attention_2 to "
+            "veomni_flash_attention_2_with_sp") in table.stdout
+    assert ("under verl (model_engine=veomni): critic.veomni.attn_implementation=sdpa (set) -> sdpa"
+            in table.stdout)

@@ -19,8 +19,10 @@ def _value(name: str, hint: str, n: int) -> Any:
         return True  # every boolean defaults to False
     if hint.startswith("int"):
         return 100 + n
-    if hint.startswith("dict"):
+    if hint.startswith("dict[str, int]"):
         return {f"{name}-kernel": 200 + n}
+    if hint.startswith("dict"):
+        return {"detail": f"{name}-detail"}
     if hint.startswith("list"):
         return [{"rule": f"{name}-rule", "text": f"{name}-text", "op": f"{name}-op", "backend": f"{name}-backend"}]
     return f"{name}-value"

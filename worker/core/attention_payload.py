@@ -34,6 +34,10 @@ class AttentionPayload:
     """The implementation the rank built the model with."""
     config_attn_implementation: str | None = None
     """The loaded model config's ``_attn_implementation`` (a Ulysses wrapper's name when one is registered)."""
+    kernel_source: dict[str, str | None] | None = None
+    """Where a FlashAttention (or Hub) kernel came from (``worker.engine.observe.kernel_source``): ``origin``
+    package | hub | npu, ``repo``, ``revision`` and ``detail`` (``flash_attn 2.8.3``,
+    ``kernels-community/flash-attn2@<revision>``); null for another implementation."""
     observed: str | None = None
     """The attention function called most in the first forward (generate for the rollout)."""
     calls: dict[str, int] = field(default_factory=dict)

@@ -24,6 +24,17 @@ from worker.core.implementations import BUILTIN_NAMES, VALID_DESCRIPTION, is_val
 from worker.core.pydantic_errors import valid_for
 from worker.core.vocabulary import AdvEstimator, KLType, ModelInfo  # shared with the PPO math and the model readers
 from worker.ppo import advantage
+from worker.spec.engines import (
+    ANY_ENGINE_DEFAULTS,
+    CONFIG_GROUPS,
+    RETIRED,
+    ROLLOUT_MODE_SYNC_ERROR,
+    VERL_CONFIG_ENGINES,
+    ModelEngine,
+    engine_keys,
+    key_outside_engine,
+    retired_message,
+)
 from worker.spec.verl_defaults import VERL_DEFAULTS, VERL_VERSION
 
 # --------------------------------------------------------------------------------------------
@@ -361,6 +372,12 @@ PASSTHROUGH_NOTE = "passed through to verl, not run by attnboard"
 class RunSpec(_Section):
     """A PPO run. Defaults are verl 0.9.1's, so an imported command means what verl would run."""
 
+    model_engine: ModelEngine = Field(
+        ModelEngine.dp,
+        description="verl's training engine (its model_engine config group): dp (FSDP/FSDP2), megatron, torchtitan, "
+                    "veomni, automodel (newer verl). It decides which key chooses attention; attnboard's own engine "
+                    "runs dp semantics.",
+    )
     actor_rollout_ref: ActorRolloutRef = Field(default_factory=ActorRolloutRef)
     critic: CriticSection = Field(default_factory=CriticSection)
     algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
@@ -531,7 +548,7 @@ DOTTED_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*$")
 """A dotted key as Hydra's override grammar reads one."""
 _MODELLED = frozenset(SPEC_KEYS) - frozenset(OPEN_DICT_FIELDS)
 _SECTIONS = frozenset(k.rsplit(".", i)[0] for k in SPEC_KEYS for i in range(1, k.count(".") + 1))
-_VERL_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in VERL_DEFAULTS for i in range(1, k.count(".") + 1))
+_VERL_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in ANY_ENGINE_DEFAULTS for i in range(1, k.count(".") + 1))
 
 KeyKind = Literal["spec", "open", "section", "verl", "hydra", "under_value", "unknown"]
 
@@ -556,13 +573,13 @@ def classify_key(key: str) -> KeyKind:
         return "section"
     if key == "hydra" or key.startswith("hydra."):
         return "hydra"
-    if key in VERL_DEFAULTS:
+    if key in ANY_ENGINE_DEFAULTS:
         return "verl"
     parts = key.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         ancestor = ".".join(parts[:cut])
-        if ancestor in VERL_DEFAULTS:
-            return "verl" if VERL_DEFAULTS[ancestor] in ({}, None) else "under_value"
+        if ancestor in ANY_ENGINE_DEFAULTS:
+            return "verl" if ANY_ENGINE_DEFAULTS[ancestor] in ({}, None) else "under_value"
         if ancestor in _MODELLED:
             return "under_value"
     return "unknown"
@@ -679,16 +696,19 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
     return lifted, out, issues
 
 
-def needs_plus(key: str) -> bool:
-    """Whether verl's command line needs ``+key=`` (Hydra's struct mode): the key is not in verl's
-    generated config, nor one of Hydra's own."""
-    return key not in VERL_DEFAULTS and classify_key(key) != "hydra"
+def needs_plus(key: str, engine: str | None = None) -> bool:
+    """Whether verl's command line needs ``+key=`` (Hydra's struct mode): the key is not in verl's config under
+    ``model_engine=engine`` (None: under any engine), nor a config group, nor one of Hydra's own."""
+    if key in CONFIG_GROUPS:
+        return False
+    known = ANY_ENGINE_DEFAULTS if engine is None else engine_keys(engine)
+    return key not in known and classify_key(key) != "hydra"
 
 
 def typed_like_verl(key: str, value: Any, raw: str | None = None) -> Any:
     """A value typed as verl's generated config has ``key``: a string key given a number or a bool
     (``trainer.project_name=2024``) keeps its text (``raw``, the text as written, when there is one)."""
-    if isinstance(VERL_DEFAULTS.get(key), str) and isinstance(value, (bool, int, float)):
+    if isinstance(ANY_ENGINE_DEFAULTS.get(key), str) and isinstance(value, (bool, int, float)):
         if raw is not None:
             return raw.strip()
         return ("true" if value else "false") if isinstance(value, bool) else repr(value)
@@ -947,8 +967,49 @@ def check_spec(
                             "trainer.resume_mode=resume_path needs trainer.resume_from_path: a global_step_N checkpoint "
                             "folder, or a folder holding them", valid="a folder path"))
 
+    issues.extend(verl_engine_issues(spec))
     issues.extend(engine_issues(spec, severity="error" if launch else "warning"))
     issues.sort(key=lambda i: i.severity != "error")
+    return issues
+
+
+MEGATRON_LAUNCH_MESSAGE = (
+    "attnboard's engine cannot run model_engine=megatron: it trains Hugging Face models under FSDP, while verl's "
+    "Megatron engine builds Megatron-Core models whose attention is override_transformer_config.attention_backend "
+    "(TransformerEngine flash, fused, unfused, local, auto), not a transformers attn_implementation; the spec is "
+    "kept for import, preview and export"
+)
+
+
+def verl_engine_issues(spec: RunSpec) -> list[Issue]:
+    """What verl 0.9.1 would say about the spec's keys under its ``model_engine``: keys another engine's config
+    has (refused, or added and never read), modelled keys set away from their default that the engine's config
+    lacks, an engine verl 0.9.1 has no config for, and retired keys with what replaced them."""
+    issues: list[Issue] = []
+    engine = spec.model_engine
+    if engine not in VERL_CONFIG_ENGINES:
+        issues.append(Issue("model_engine", engine, f"verl {VERL_VERSION}'s ppo_trainer has no model_engine/{engine} "
+                                                    f"config (Hydra refuses model_engine={engine}); newer verl has "
+                                                    f"it", severity="warning", valid=list(VERL_CONFIG_ENGINES)))
+    for key, value in spec.verl_passthrough.items():
+        bare = key.lstrip("+")
+        outside = key_outside_engine(bare, engine)
+        if outside:
+            issues.append(Issue(f"{PASSTHROUGH}.{key}", value, outside, severity="warning"))
+        retired = retired_message(bare)
+        if retired and not (bare == "actor_rollout_ref.rollout.mode" and value == "sync"):
+            issues.append(Issue(f"{PASSTHROUGH}.{key}", value, retired, severity="warning",
+                                valid=RETIRED[bare].replaced_by))
+        if bare == "actor_rollout_ref.rollout.mode" and value == "sync":
+            issues.append(Issue(f"{PASSTHROUGH}.{key}", value, f"verl {VERL_VERSION} raises: {ROLLOUT_MODE_SYNC_ERROR}",
+                                valid=["async"]))
+    if engine != ModelEngine.dp.value:
+        flat, defaults = spec_to_flat(spec), _DEFAULT_FLAT
+        for key in SPEC_KEYS:
+            verl_key = VERL_NAMES.get(key, key)
+            if verl_key in VERL_DEFAULTS and verl_key not in engine_keys(engine) and flat.get(key) != defaults.get(key):
+                issues.append(Issue(key, flat.get(key), f"model_engine={engine}'s config has no {verl_key} (dp's "
+                                                        f"config has it): verl refuses it", severity="warning"))
     return issues
 
 
@@ -957,6 +1018,9 @@ def engine_issues(spec: RunSpec, *, severity: Literal["error", "warning"] = "err
     those registered in ``worker.ppo.advantage``, a KL estimator in use other than ``ENGINE_KL_TYPES``. A spec
     holds them (import, preview and export accept them); a launch refuses them."""
     issues: list[Issue] = []
+    if spec.model_engine == ModelEngine.megatron.value:
+        issues.append(Issue("model_engine", spec.model_engine, MEGATRON_LAUNCH_MESSAGE, severity=severity,
+                            valid=[e.value for e in ModelEngine if e is not ModelEngine.megatron]))
     estimator = spec.algorithm.adv_estimator
     if estimator not in advantage.ESTIMATORS:
         issues.append(Issue("algorithm.adv_estimator", estimator,
@@ -997,3 +1061,6 @@ def spec_to_tree(spec: RunSpec) -> dict[str, Any]:
 def spec_to_flat(spec: RunSpec) -> dict[str, Any]:
     """The spec as dotted keys, with override_config sub-keys expanded (verl's command-line form)."""
     return flatten(spec_to_tree(spec))
+
+
+_DEFAULT_FLAT = spec_to_flat(RunSpec())

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from worker.attention.availability import FLASH_MIN_COMPUTE_CAPABILITY, candidates, unavailable
+from worker.attention.kernel_sources import HUB_FLASH_KERNELS
 from worker.core.environment import Environment
 from worker.core.implementations import BUILTIN_NAMES, DEFAULT_IMPL, Impl, is_hub_kernel
 from worker.troubleshoot.diagnosis import Category, Diagnosis
@@ -121,12 +122,28 @@ def _flash_version(ctx: MatchContext) -> Diagnosis:
                       summary=summary, return_when=when)
 
 
+HUB_FETCH_EVIDENCE = re.compile(r"from the `kernels` library instead|kernels-community/|We couldn't connect to '"
+                                r"https://huggingface\.co'|LocalEntryNotFoundError|HF_HUB_OFFLINE|hub_kernels\.py")
+"""In an ImportError's traceback: transformers tried a Hub kernel (``worker.attention.kernel_sources``) first."""
+
+
 def _flash_not_installed(ctx: MatchContext) -> Diagnosis:
     impl = flash_impl(ctx)
     cc = min_cc(impl)
     target = next_impl(ctx, impl)
     patch = attn_patch(ctx.role, target)
     env = ctx.env
+    if HUB_FETCH_EVIDENCE.search(ctx.error.traceback) and impl in HUB_FLASH_KERNELS:
+        # transformers 5.24 with `kernels` and without flash-attn fetches a Hub kernel first; when the node cannot
+        # reach the Hub it re-raises the package check, so this message hides the real cause.
+        repo = HUB_FLASH_KERNELS[impl]
+        sentence = (f"flash-attn is not installed, and transformers' fallback, {repo} from the Hugging Face Hub via "
+                    f"`kernels`, could not be fetched (an offline node): set {shown(patch)} so {who(ctx.role)} "
+                    f"trains on {target} now, then fetch {repo} into the HF cache the node reads where the Hub is "
+                    f"reachable and run with HF_HUB_OFFLINE=1, or pip install flash-attn, and return to {impl}.")
+        return diagnosis_for(ctx, Category.flash_attn_not_installed, impl=impl, patch=patch, sentence=sentence,
+                             summary=f"{impl}: flash-attn missing and the Hub kernel {repo} unreachable",
+                             return_when={"flash_attn_installed": True, "min_compute_capability": cc})
     if env is not None and (env.device == "cpu" or (env.compute_capability or (99, 0)) < tuple(cc)):
         where = "this machine cannot run it either" if env.device == "cpu" else (
             f"this GPU (compute capability {env.compute_capability[0]}.{env.compute_capability[1]}) cannot run it either")
