@@ -595,6 +595,18 @@ def nearest_verl_key(key: str) -> str | None:
     return found[0] if found else None
 
 
+MAX_SUGGESTED_KEYS = 20
+"""Unknown keys per spec that get a "did you mean" (string matching costs ~1.7 ms a key); later ones are named
+without one, so a request of thousands of unknown keys costs no more than this many matches."""
+MAX_UNKNOWN_KEYS = 100
+"""Unknown keys per spec named one by one; past this, one issue counts the rest."""
+
+
+def _more_unknown(field: str, count: int) -> Issue:
+    return Issue(field, f"{count} unknown keys", f"{count - MAX_UNKNOWN_KEYS} more unknown keys are not listed "
+                 f"(at most {MAX_UNKNOWN_KEYS} are named one by one)", valid=f"<= {MAX_UNKNOWN_KEYS} unknown keys")
+
+
 MAX_PASSTHROUGH_KEYS = 2000
 MAX_PASSTHROUGH_DEPTH = 16
 _HYDRA_DICT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -642,8 +654,10 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
     lifted: dict[str, Any] = {}
     out: dict[str, Any] = {}
     issues: list[Issue] = []
+    unknown = 0
 
     def add(given: str, value: Any, depth: int) -> None:
+        nonlocal unknown
         where = f"{PASSTHROUGH}.{given}"
         plus = given.startswith("+")
         key = given.lstrip("+")
@@ -671,11 +685,15 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
             issues.append(Issue(where, value, f"{key} lies under a key of verl's config that holds a value, "
                                               "not a section"))
             return
+        if kind == "unknown" and (not plus or key.split(".", 1)[0] == "attnboard"):
+            unknown += 1
+            if unknown > MAX_UNKNOWN_KEYS:
+                return
         if kind == "unknown" and key.split(".", 1)[0] == "attnboard":
-            issues.append(_unknown_key_issue(key, value))
+            issues.append(_unknown_key_issue(key, value, suggest=unknown <= MAX_SUGGESTED_KEYS))
             return
         if kind == "unknown" and not plus:
-            near = nearest_verl_key(key)
+            near = nearest_verl_key(key) if unknown <= MAX_SUGGESTED_KEYS else None
             hint = f"; did you mean {near}?" if near else ""
             issues.append(Issue(where, value, f"unknown key {key}: verl {VERL_VERSION}'s config lacks it; write "
                                               f"+{key} to add it{hint}", valid=near))
@@ -693,6 +711,8 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
             issues.append(Issue(PASSTHROUGH, given, "keys must be strings"))
             continue
         add(given, value, 0)
+    if unknown > MAX_UNKNOWN_KEYS:
+        issues.append(_more_unknown(PASSTHROUGH, unknown))
     return lifted, out, issues
 
 
@@ -744,8 +764,8 @@ def keys_near(key: str) -> list[str]:
     return sorted({k.split(".", 1)[0] for k in SPEC_KEYS})
 
 
-def _unknown_key_issue(key: str, value: Any) -> Issue:
-    near = nearest_key(key)
+def _unknown_key_issue(key: str, value: Any, *, suggest: bool = True) -> Issue:
+    near = nearest_key(key) if suggest else None
     hint = f"; did you mean {near!r}?" if near else ""
     return Issue(key, value, f"unknown key {key!r}{hint}", valid=near or keys_near(key))
 
@@ -825,11 +845,14 @@ def _attention_issues(tree: dict[str, Any]) -> list[Issue]:
 
 def _issues_from_validation(exc: ValidationError) -> list[Issue]:
     issues: list[Issue] = []
+    unknown = 0
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"])
         value = err.get("input")
         if err["type"] == "extra_forbidden":
-            issues.append(_unknown_key_issue(loc, value))
+            unknown += 1
+            if unknown <= MAX_UNKNOWN_KEYS:
+                issues.append(_unknown_key_issue(loc, value, suggest=unknown <= MAX_SUGGESTED_KEYS))
             continue
         message = err["msg"]
         if message.startswith("Value error, "):
@@ -842,6 +865,8 @@ def _issues_from_validation(exc: ValidationError) -> list[Issue]:
         else:
             message = f"{_short(value)} is not valid: {message}"
         issues.append(Issue(loc, value, message, valid=valid))
+    if unknown > MAX_UNKNOWN_KEYS:
+        issues.append(_more_unknown("(spec)", unknown))
     return issues
 
 

@@ -45,7 +45,9 @@ RULES: tuple[Rule, ...] = (
     # 1. Configuration errors, before anything ran: Hydra's quote the user's key and value, which may name
     #    an implementation, so they come before every attention rule.
     _rule(Category.hydra_plus_override,
-          r"Could not override '(?P<key>[^']+)'\.[^\n]*?\s*To append to your config use \+(?P<append>\S+)",
+          # Either on the same line, or after the line's end and whitespace: two alternatives that cannot both
+          # take the same characters, so a long run of spaces costs one pass (``[^\n]*?\s*`` was quadratic).
+          r"Could not override '(?P<key>[^']+)'\.(?:[^\n]*?|[^\n]*\n\s*)To append to your config use \+(?P<append>\S+)",
           _hydra_plus),
     _rule(Category.hydra_plus_override,
           r"An item is already at '(?P<key>[^']+)'\.\s*Either remove \+ prefix: '(?P<existing>[^']+)'", _hydra_plus),
@@ -95,15 +97,15 @@ RULES: tuple[Rule, ...] = (
     _rule(Category.flash_attn_dtype, r"(?P<fa4>inputs must be float16, bfloat16)", _flash_dtype),
     # 7. The model class.
     _rule(Category.architecture_unsupported,
-          r"(?P<model>\w+) does not support Flash Attention yet, so it cannot use the `(?P<kernel>[^`]+)` kernel",
+          r"\b(?P<model>\w+) does not support Flash Attention yet, so it cannot use the `(?P<kernel>[^`]+)` kernel",
           _architecture),
-    _rule(Category.architecture_unsupported, r"(?P<model>\w+) does not support Flash Attention \d(?:\.0)? yet",
+    _rule(Category.architecture_unsupported, r"\b(?P<model>\w+) does not support Flash Attention \d(?:\.0)? yet",
           _architecture),
     _rule(Category.architecture_unsupported,
-          r"(?P<model>\w+) does not support an attention implementation through "
+          r"\b(?P<model>\w+) does not support an attention implementation through "
           r"torch\.nn\.functional\.scaled_dot_product_attention yet", _architecture),
     _rule(Category.architecture_unsupported,
-          r"(?P<model>\w+) does not support (?:an attention implementation through torch's )?flex_attention",
+          r"\b(?P<model>\w+) does not support (?:an attention implementation through torch's )?flex_attention",
           _architecture),
     _rule(Category.architecture_unsupported, r"`sdpa` attention does not support `softcap`", _architecture),
     # 8. Kernel features.
@@ -129,13 +131,21 @@ message may mention memory). The whole table is tried on ``Type: message`` first
 traceback, so the error a user saw outranks an earlier one chained into its traceback."""
 
 
+MAX_HEAD_CHARS = 4_000
+MAX_TRACEBACK_CHARS = 16_000
+"""What the rules read of an error: the head's start and the traceback's end (where the raising frames are), so
+matching costs a bounded time whatever a worker reports."""
+
+
 def classify(error: ErrorInfo, env: Environment | None = None, *, role: str | None = None) -> Diagnosis:
     """Classify one error. ``role`` (actor, rollout, reference/ref, critic, or None for every role) decides
-    which spec keys the remedy patches; ``env`` refines the sentence and the remedy when known."""
+    which spec keys the remedy patches; ``env`` refines the sentence and the remedy when known. The text is
+    truncated (``MAX_HEAD_CHARS``, ``MAX_TRACEBACK_CHARS``) before any rule runs."""
     if role is not None and role not in ROLE_SECTIONS:
         raise ValueError(f"role={role!r} is not a role; valid: {', '.join(ROLE_SECTIONS)} or None for every role")
-    head = error.head
-    texts = [head, f"{head}\n{error.traceback}"] if error.traceback else [head]
+    head = error.head[:MAX_HEAD_CHARS]
+    traceback = error.traceback[-MAX_TRACEBACK_CHARS:]
+    texts = [head, f"{head}\n{traceback}"] if traceback else [head]
     for text in texts:
         for rule in RULES:
             found = rule.pattern.search(text)

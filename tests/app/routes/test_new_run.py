@@ -21,6 +21,13 @@ from worker.core.limits import MAX_INPUT_BYTES
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+@pytest.fixture(autouse=True)
+def signed_in(client, session):
+    """The form's preview, import and launch parse what a user typed: they need a signed-in user (issue 18;
+    anonymous, see ``tests/app/routes/test_login.py``)."""
+    login(client, session, ["read", "write"])
+
+
 def test_form_has_a_labelled_input_for_every_spec_field(client):
     page = soup(client.get("/runs/new").text)
     for f in FIELDS:
