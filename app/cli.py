@@ -21,6 +21,7 @@ from rich.text import Text
 
 from worker.attention.preview import preview
 from worker.attention.resolution import Resolution
+from worker.core.attention_payload import SUMMARY_FIELDS, cell
 from worker.core.environment import PROFILES, Environment, UnknownProfileError, environment_from
 from worker.interop.specfile import load_spec_file
 from worker.interop.verl import VerlImportError, export_command, export_yaml
@@ -236,12 +237,11 @@ WAIT_CHUNK_S = 300.0
 
 
 def _attention_rows(attention: dict[str, Any], effective: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Per role: requested -> effective (and what ran); from the wait answer, else the run's summary."""
-    rows = [{"role": role, **{k: info.get(k) for k in ("requested", "effective", "observed", "status")}}
-            for role, info in attention.items()]
+    """Per role, its attention payload (every field, ``worker.core.attention_payload``) from the wait answer, else
+    the run's summary (the effective implementation only)."""
+    rows = [{**info, "role": role} for role, info in attention.items()]
     seen = {row["role"] for row in rows}
-    rows += [{"role": role, "requested": None, "effective": value, "observed": None, "status": None}
-             for role, value in (effective or {}).items() if role not in seen]
+    rows += [{"role": role, "effective": value} for role, value in (effective or {}).items() if role not in seen]
     return rows
 
 
@@ -251,11 +251,10 @@ def _print_outcome(run: dict[str, Any], attention: dict[str, Any], base: str) ->
     rows = _attention_rows(attention, run.get("effective_attention"))
     if rows:
         table = Table(title="effective attention per role", title_justify="left")
-        for column in ("role", "requested", "effective", "observed", "status"):
-            table.add_column(column, no_wrap=True)
+        for column in SUMMARY_FIELDS:
+            table.add_column(column.replace("_", " "), no_wrap=True)
         for row in rows:
-            table.add_row(*(str(row[c]) if row[c] is not None else "-" for c in
-                            ("role", "requested", "effective", "observed", "status")))
+            table.add_row(*(cell(row, c) for c in SUMMARY_FIELDS))
         out.print(table)
 
 

@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from worker.core.attention_payload import AttentionPayload
 from worker.core.contract import TERMINAL, Kind, RunState
 
 # Constraint names that are the same on SQLite and PostgreSQL, so migrations can refer to them.
@@ -178,9 +179,6 @@ RunStatus = RunState
 """The run states of PRODUCT.md's contract, one definition shared with the worker (``worker.core.contract``)."""
 
 
-TERMINAL_STATUSES = frozenset(RunStatus(value) for value in TERMINAL)
-
-
 class RunBase(SQLModel):
     name: str = Field(min_length=1, max_length=NAME_MAX, index=True)
 
@@ -311,7 +309,7 @@ class RunPublic(RunBase):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
+        return self.status in TERMINAL
 
 
 class RunsPublic(BaseModel):
@@ -326,11 +324,9 @@ class RunWaitPublic(BaseModel):
 
     run: RunPublic
     timed_out: bool = Field(description="True when the run was still unfinished at the timeout.")
-    attention: dict[str, dict[str, Any]] = Field(
-        description="Per role, from its attention events (after a restart, the new ranks'): requested, effective, "
-                    "observed, status, forced, fallback, rank, node, attempt, sdpa_backend (the SDPA backend the "
-                    "first forward ran: flash_attention, efficient_attention, cudnn_attention or math; null when no "
-                    "SDPA call ran), sdpa_backend_reason (why it was math), compute_dtype."
+    attention: dict[str, AttentionPayload] = Field(
+        description="Per role, its attention event (the first rank's; after a restart, the new ranks'): every field "
+                    "of the attention payload (worker.core.attention_payload), described in its schema."
     )
 
 

@@ -22,6 +22,7 @@ from app.services.feeds import RunFeed
 from app.views.live_run import checkpoint_context, eager_roles, load_view, passthrough_of, trimmed
 from app.views.run_view import CHARTS, RunView, apply_event, fold, format_eta
 from app.web import page_context, redirect, render, templates
+from worker.core.roles import SETTINGS
 from worker.spec import PASSTHROUGH_NOTE
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -155,11 +156,11 @@ async def retry(request: Request, run_id: int, principal: PageUser, session: Ses
     require_page_write(principal)
     form = await request.form()
     role = str(form.get("eager_on") or "")
-    sections = {"critic": "critic", "actor": "actor_rollout_ref"}
-    if role and role not in sections:
+    keys = {setting.value: setting.attention_key for setting in SETTINGS}
+    if role and role not in keys:
         raise AppError(422, "invalid_request", f"eager_on {role!r} is not a role with its own attention setting",
-                       field="eager_on", value=role, valid=list(sections))
-    patch = {f"{sections[role]}.model.override_config.attn_implementation": "eager"} if role else {}
+                       field="eager_on", value=role, valid=list(keys))
+    patch = {keys[role]: "eager"} if role else {}
     new = await run_in_threadpool(runs_service.retry_run, session, run_id=run_id, patch=patch,
                                   launcher=get_launcher(request))
     return redirect(f"/runs/{new.id}")

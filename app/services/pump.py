@@ -54,7 +54,9 @@ from app.services.events import append_events
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, schedule
 from app.services.trials import TrialPump
+from worker.core.attention_payload import AttentionPayload
 from worker.core.contract import TERMINAL
+from worker.core.events import read_attention
 
 log = logging.getLogger("attnboard.pump")
 
@@ -105,21 +107,16 @@ def gone_events(last_seq: int, *, name: str, why: str, cancel_requested: bool) -
     ]
 
 
-ATTENTION_SUMMARY_KEYS = ("requested", "effective", "observed", "status", "forced", "fallback", "rank", "node",
-                          "sdpa_backend", "sdpa_backend_reason", "compute_dtype")
-
-
-def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per role, from its ``attention`` events (the first rank seen of the latest attempt wins: after a
-    restart, what the new ranks ran): requested, effective, observed, status, forced, fallback, rank, the
-    attempt and node, the SDPA backend that ran (and why, where it was math) and the compute dtype."""
-    out: dict[str, dict[str, Any]] = {}
+def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, AttentionPayload]:
+    """Per role, its ``attention`` payload (``AttentionPayload``, every field; the first rank seen of the latest
+    attempt wins: after a restart, what the new ranks ran)."""
+    out: dict[str, AttentionPayload] = {}
     for payload in payloads:
-        role = payload.get("role")
-        attempt = payload.get("attempt") if isinstance(payload.get("attempt"), int) else 0
-        if isinstance(role, str) and (role not in out or attempt > out[role]["attempt"]):
-            out[role] = {key: payload.get(key) for key in ATTENTION_SUMMARY_KEYS}
-            out[role]["attempt"] = attempt
+        if not isinstance(payload.get("role"), str):
+            continue
+        read = read_attention(payload)
+        if read.role not in out or read.attempt > out[read.role].attempt:
+            out[read.role] = read
     return out
 
 
@@ -166,7 +163,7 @@ class RunChanges:
             self._waiters.discard(fut)
 
 
-def run_snapshot(engine: Engine, run_id: int) -> tuple[Run, dict[str, dict[str, Any]]]:
+def run_snapshot(engine: Engine, run_id: int) -> tuple[Run, dict[str, AttentionPayload]]:
     """The run (404 if missing) and its attention summary per role."""
     from app.services.runs import get_run
 
@@ -178,7 +175,7 @@ def run_snapshot(engine: Engine, run_id: int) -> tuple[Run, dict[str, dict[str, 
 
 
 async def wait_for_run(engine: Engine, changes: RunChanges, *, run_id: int, timeout: float,
-                       clock: Callable[[], float] = time.monotonic) -> tuple[Run, dict[str, dict[str, Any]], bool]:
+                       clock: Callable[[], float] = time.monotonic) -> tuple[Run, dict[str, AttentionPayload], bool]:
     """Until the run is finished or ``timeout`` (<= 300 s) passed: (run, attention per role, timed_out).
     Sleeps on ``changes`` and looks again at least every 2 s (another process may have changed the run)."""
     from starlette.concurrency import run_in_threadpool

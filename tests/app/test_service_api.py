@@ -18,6 +18,7 @@ from app.cli import cli
 from app.services.ray_runtime import free_port
 from tests.app.factories import engine_headers, status_event
 from tests.app.service_support import tiny_run_spec
+from worker.core.attention_payload import FIELDS
 
 
 def attention_event(seq: int, role: str, effective: str) -> dict:
@@ -64,10 +65,13 @@ def test_wait_answers_at_once_for_a_finished_run_with_attention_per_role(client,
     assert time.monotonic() - t0 < 5
     assert body["timed_out"] is False and body["run"]["status"] == "succeeded"
     assert body["attention"]["actor"]["effective"] == "sdpa"
-    assert body["attention"]["critic"] == {"requested": "sdpa", "effective": "eager", "observed": "eager",
-                                           "status": "fallback", "forced": None, "fallback": None, "rank": 0,
-                                           "node": None, "attempt": 0, "sdpa_backend": None,
-                                           "sdpa_backend_reason": None, "compute_dtype": None}
+    critic = body["attention"]["critic"]
+    assert list(critic) == list(FIELDS)  # every field of the one attention payload
+    assert {k: critic[k] for k in ("requested", "effective", "observed", "status", "forced", "fallback", "rank", "node",
+                                   "attempt", "sdpa_backend", "sdpa_backend_reason", "compute_dtype")} == {
+        "requested": "sdpa", "effective": "eager", "observed": "eager", "status": "fallback", "forced": False,
+        "fallback": False, "rank": 0, "node": None, "attempt": 0, "sdpa_backend": None, "sdpa_backend_reason": None,
+        "compute_dtype": None}
 
 
 def test_wait_times_out_on_an_unfinished_run(client, write_headers):

@@ -16,7 +16,7 @@ from tests.app.pages_support import (
     soup,
     stored_run,
 )
-from worker.interop.verl import MAX_INPUT_BYTES
+from worker.core.limits import MAX_INPUT_BYTES
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
