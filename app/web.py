@@ -32,13 +32,14 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 
-# What each badge says beside its colour, so status never depends on colour alone.
+# What each badge says beside its colour, so status never depends on colour alone: plain words, the
+# rule ids (override, fallback-step) stay in the reasons.
 BADGE_TEXT = {
-    "default": "default",
-    "override": "override",
+    "default": "verl's default",
+    "override": "as asked",
     "ok": "ok",
     "forced": "forced",
-    "fallback": "fallback",
+    "fallback": "fell back",
     "error": "error",
     "queued": "queued",
     "starting": "starting",
@@ -46,6 +47,14 @@ BADGE_TEXT = {
     "succeeded": "succeeded",
     "failed": "failed",
     "cancelled": "cancelled",
+}
+# A role's badge, said in a sentence (the badge's title).
+BADGE_HELP = {
+    "default": "nothing was asked: verl's default implementation",
+    "override": "the implementation the spec asks for is the one that runs",
+    "forced": "the strategy runs another implementation than the one asked for",
+    "fallback": "the implementation asked for could not load; the next one in the fallback chain runs",
+    "error": "no implementation of this role can load",
 }
 BADGE_ICON = {"forced": "!", "fallback": "↓", "error": "✕", "failed": "✕", "succeeded": "✓", "running": "●",
               "cancelled": "–", "queued": "…", "starting": "…"}
@@ -57,8 +66,9 @@ def badge(kind: str | None, text: str | None = None) -> Markup:
     label = text if text is not None else BADGE_TEXT.get(kind, kind)
     icon = BADGE_ICON.get(kind, "")
     icon_html = Markup('<span aria-hidden="true">{}</span> ').format(icon) if icon else Markup("")
-    return Markup('<span class="badge badge-{cls}">{icon}{label}</span>').format(
-        cls="".join(c if c.isalnum() else "-" for c in kind), icon=icon_html, label=label
+    title = Markup(' title="{}"').format(BADGE_HELP[kind]) if kind in BADGE_HELP and text is None else Markup("")
+    return Markup('<span class="badge badge-{cls}" data-badge="{kind}"{title}>{icon}{label}</span>').format(
+        cls="".join(c if c.isalnum() else "-" for c in kind), kind=kind, title=title, icon=icon_html, label=label
     )
 
 

@@ -36,7 +36,7 @@ def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoot
 @router.post("/runs/preview", dependencies=CSRF)
 async def preview(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
     state = await _form_state(multi(await request.form()), roots, session)
-    return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview")
+    return render(request, "run_new.html", {**page_context(request), **state.context(oob_counts=True)}, block="preview")
 
 
 @router.post("/runs/import", dependencies=CSRF)

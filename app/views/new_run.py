@@ -13,6 +13,10 @@ from app.views.run_form import (
     ATTENTION_HELP,
     FIELDS,
     FormError,
+    changed_counts,
+    default_values,
+    dtype_options,
+    essential_fields,
     form_to_spec_data,
     grouped_fields,
     issues_by_field,
@@ -97,7 +101,10 @@ class FormState:
 
     def context(self, **extra: Any) -> dict[str, Any]:
         return {
+            "essentials": essential_fields(),
             "groups": grouped_fields(),
+            "changed": changed_counts(self.values, default_values()),
+            "dtype_options": dtype_options,
             "values": self.values,
             "errors": self.errors,
             "error_count": sum(len(v) for v in self.errors.values()),

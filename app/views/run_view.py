@@ -54,6 +54,15 @@ def rank_key(per_rank: str, rank: str) -> str:
     return f"{per_rank}/rank {rank}"
 
 
+SDPA_BACKEND_WORDS = {
+    "flash_attention": "PyTorch's built-in FlashAttention kernel (part of torch, not the flash-attn package)",
+    "efficient_attention": "PyTorch's memory-efficient attention kernel",
+    "cudnn_attention": "cuDNN's attention kernel",
+    "math": "the math fallback: plain matrix products, the slowest path",
+}
+"""The backends of ``torch.nn.functional.scaled_dot_product_attention``, in words."""
+
+
 @dataclass
 class AttentionRow:
     """One role on one rank, from its ``attention`` event (or its ``error`` event when it never loaded)."""
@@ -93,6 +102,16 @@ class AttentionRow:
         short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
         held = short.get(self.weights_dtype or "", self.weights_dtype)
         return f"{short.get(self.compute_dtype, self.compute_dtype)}" + (f" / {held}" if held else "")
+
+    @property
+    def sdpa_backend_words(self) -> str | None:
+        """What the SDPA backend that ran is, in words: ``flash_attention`` on a CPU is torch's own fused
+        kernel for CPU (the aten op ``..._flash_attention_for_cpu``), not the flash-attn package."""
+        if not self.sdpa_backend:
+            return None
+        if self.sdpa_backend == "flash_attention" and (self.sdpa_op or "").endswith("_for_cpu"):
+            return "PyTorch's own fused flash kernel for CPU (built into torch: no flash-attn package or GPU needed)"
+        return SDPA_BACKEND_WORDS.get(self.sdpa_backend)
 
     @property
     def changed(self) -> bool:

@@ -200,7 +200,7 @@ def test_preview_follows_strategy_and_ulysses(page, server):
     shot(page, "form-forced-eager")
     page.select_option("select[name='actor_rollout_ref.actor.strategy']", "fsdp2")
     expect(page.locator("#preview tr[data-role='actor'] td.effective")).to_have_text("sdpa")
-    assert preview_cell(page, "actor", "status").endswith("override")
+    assert preview_cell(page, "actor", "status").endswith("as asked")
     assert page.console_errors == []  # CSP violations are console errors
 
 
@@ -231,7 +231,8 @@ def test_a_tiny_run_goes_live_to_succeeded(page, server):
     for role in ("actor", "rollout", "reference", "critic"):
         row = page.locator(f"#attention tr[data-role='{role}'][data-rank='0']")
         expect(row.locator("td.effective")).to_have_text("sdpa → sdpa")
-        assert row.locator(".badge").inner_text().endswith("override")
+        assert row.locator(".badge").get_attribute("data-badge") == "override"
+        assert row.locator(".badge").inner_text().endswith("as asked")
     for chart in ("reward", "kl", "loss", "throughput", "step-time", "memory"):
         expect(page.locator(f"#chart-{chart}")).to_have_attribute("data-points", str(STEPS))
     logs = page.locator("#logs li").evaluate_all("items => items.map(li => li.id)")
@@ -246,7 +247,7 @@ def test_a_critic_that_falls_back_and_its_retry_with_eager(page, server):
                               **{CRITIC_ATTN: "flash_attention_2", "attnboard.fallback_policy": "fallback"})
     server.runs["fallback"] = run_id
     critic = page.locator("#attention tr[data-role='critic'][data-rank='0']")
-    expect(critic.locator(".badge")).to_have_text(re.compile("fallback$"), timeout=RUN_TIMEOUT_MS)
+    expect(critic.locator(".badge")).to_have_text(re.compile("fell back$"), timeout=RUN_TIMEOUT_MS)
     expect(critic.locator("td.effective")).to_have_text("flash_attention_2 → sdpa")
     entry = page.locator("#trouble li.kind-fallback").first
     expect(entry.locator(".summary")).to_have_text("flash_attention_2 requested but flash-attn is not installed")
@@ -273,7 +274,7 @@ def test_runs_list_and_compare_after_the_runs(page, server):
     assert page.locator(f"tr[data-run='{tiny}'] td.name a").inner_text() == XSS_NAME
     critic = page.locator(f"tr[data-run='{fallback}'] .role-badge[data-role='critic']")
     assert critic.get_attribute("data-badge") == "fallback"
-    assert critic.inner_text().split() == ["critic", "flash_attention_2", "→", "sdpa", "↓", "fallback"]
+    assert critic.inner_text().split() == ["critic", "flash_attention_2", "→", "sdpa", "↓", "fell", "back"]
     assert page.locator(f"tr[data-run='{retry}'] .role-badge[data-role='critic']").get_attribute("data-badge") == "override"
     assert page.locator(f"tr[data-run='{fallback}'] td.quick button", has_text="Retry, eager critic").count() == 1
     compare_link = page.locator(f"tr[data-run='{retry}'] td.quick a", has_text=f"Compare with #{fallback}")

@@ -25,13 +25,15 @@ def test_live_page_of_a_finished_run(client, session):
     assert page.select_one("#progress-bar")["value"] == "100"
     assert page.select_one("#live").get("sse-connect") is None, "a finished run opens no stream"
     critic = page.select_one("#attention tr[data-role='critic'][data-rank='0']")
-    assert critic.select_one(".badge").get_text(strip=True).endswith("fallback")
+    assert critic.select_one(".badge")["data-badge"] == "fallback"
+    assert critic.select_one(".badge").get_text(strip=True).endswith("fell back")
     assert critic.select_one("td.effective").get_text(" ", strip=True) == "flash_attention_2 → sdpa"
     assert critic.select_one("td.observed code").get_text() == "sdpa"
     assert critic.select_one("td.observed .calls").get_text(strip=True) == "(sdpa ×2)"
     backend = critic.select_one("td.observed .sdpa-backend")  # the kernel below sdpa: CPU's fused flash kernel
     assert backend["data-backend"] == "flash_attention" and critic.select_one("td.observed .sdpa-reason") is None
     assert backend.select_one("code")["title"] == "aten::_scaled_dot_product_flash_attention_for_cpu"
+    assert "fused flash kernel for CPU" in backend.select_one(".backend-words").get_text()  # not the flash-attn package
     assert critic.select_one("td.strategy .precision").get_text(strip=True) == "fp32 / fp32"
     entry = page.select_one("#trouble li.kind-fallback")
     assert entry.select_one(".summary").get_text() == "flash_attention_2 requested but flash-attn is not installed"
@@ -75,6 +77,7 @@ def test_live_page_of_a_role_that_did_not_load(client, session):
     page = soup(client.get(f"/runs/{run_id}").text)
     assert page.select_one("#status")["data-status"] == "failed"
     critic = page.select_one("#attention tr[data-role='critic']")
+    assert critic.select_one(".badge")["data-badge"] == "error"
     assert critic.select_one(".badge").get_text(strip=True).endswith("error")
     assert "did not load" in critic.select_one("td.effective").get_text()
     assert page.select_one("#trouble li.kind-error .summary").get_text() == \

@@ -23,13 +23,13 @@ def test_list_shows_status_and_effective_attention(client, session):
     run_id = stored_run(session, name="listed", events=engine_events())
     row = soup(client.get("/").text).select_one(f"tr[data-run='{run_id}']")
     assert row.select_one(".badge-succeeded").get_text(strip=True).endswith("succeeded")
-    assert role_badges_of(row)["actor"] == ("override", "actor sdpa override")
+    assert role_badges_of(row)["actor"] == ("override", "actor sdpa as asked")
     fragment = client.get("/", params={"status": "failed"}, headers={"HX-Request": "true"}).text
     assert not soup(fragment).select(f"tr[data-run='{run_id}']")
 
 
 @pytest.mark.parametrize("run,critic,roles", [
-    ("critic_fallback", ("fallback", "critic flash_attention_2 → sdpa ↓ fallback"),
+    ("critic_fallback", ("fallback", "critic flash_attention_2 → sdpa ↓ fell back"),
      ["actor", "rollout", "reference", "critic"]),
     ("critic_strict", ("error", "critic flash_attention_2 → none ✕ error"), ["critic"]),  # stopped before any report
 ])
