@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
@@ -15,9 +16,11 @@ from app.models import RunCreate
 from app.services import interop
 from app.services import runs as runs_service
 from app.services.probes import latest_node_probe
-from app.views.new_run import FormState, multi, starting_spec
+from app.views.new_run import DEFAULT_ENV, FormState, multi, starting_spec
 from app.web import add_security_headers, page_context, redirect, render
+from worker.core.environment import PROFILES
 from worker.interop.verl import export_command, export_yaml
+from worker.spec import parse_spec
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -28,8 +31,15 @@ async def _form_state(form: dict[str, list[str]], roots: list[Path], session: Se
 
 
 @router.get("/runs/new")
-def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
-    state = FormState(spec=starting_spec(), model_roots=roots, probe=latest_node_probe(session))
+def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots,
+            from_run: Annotated[int | None, Query(alias="from", description="a run whose spec fills the form")] = None
+            ) -> Response:
+    """The form: the tiny CPU preset, or ``?from=ID``: that run's spec, name and target (edit and relaunch)."""
+    run = runs_service.get_run(session, run_id=from_run) if from_run is not None else None
+    spec = parse_spec(run.spec) if run is not None else starting_spec()
+    target = run.environment if run is not None and isinstance(run.environment, str) else DEFAULT_ENV
+    state = FormState(spec=spec, model_roots=roots, probe=latest_node_probe(session), name=run.name if run else "",
+                      env_name=target if target in PROFILES else DEFAULT_ENV)
     return render(request, "run_new.html", {**page_context(request), **state.context()})
 
 

@@ -62,13 +62,13 @@ class FormState:
     offered as the ``probe`` environment."""
 
     def __init__(self, form: dict[str, list[str]] | None = None, *, model_roots: list[Path],
-                 spec: RunSpec | None = None, probe: NodeProbe | None = None):
+                 spec: RunSpec | None = None, probe: NodeProbe | None = None, name: str = "", env_name: str = DEFAULT_ENV):
         self.errors: dict[str, list[Issue]] = {}
         self.warnings: list[Issue] = []
         self.resolution: Resolution | None = None
         self.spec: RunSpec | None = spec
-        self.name = ""
-        self.env_name = DEFAULT_ENV
+        self.name = name
+        self.env_name = env_name
         self.probe = probe
         if form is not None:
             self.name = (form.get("name") or [""])[-1].strip()

@@ -10,6 +10,8 @@ Unknown or malformed fields are shown as absent, never trusted as markup.
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -324,6 +326,33 @@ def metric_point(seq: int, payload: dict[str, Any]) -> dict[str, Any] | None:
     return {"step": step, "seq": seq, "values": values}
 
 
+# The figures a step's log line names, in order: (metric, how it reads).
+STEP_LINE = (("critic/rewards/mean", "reward {:.4g}"), ("actor/pg_loss", "policy loss {:.4g}"),
+             ("critic/vf_loss", "value loss {:.4g}"), ("actor/kl", "KL {:.3g}"), ("perf/tokens_per_s", "{:.0f} tokens/s"),
+             ("perf/step_time_s", "{:.2f} s"), ("perf/max_memory_mb", "peak {:.0f} MiB"))
+
+
+def step_line(point: dict[str, Any], total_steps: int | None) -> str:
+    """A metric point as the worker log's line: ``step 3 of 12: reward 0.057, ..., 1.92 s, peak 450 MiB``."""
+    values = point["values"]
+    figures = [text.format(values[key]) for key, text in STEP_LINE if key in values]
+    of = f" of {total_steps}" if total_steps else ""
+    return f"step {point['step']}{of}" + (": " + ", ".join(figures) if figures else "")
+
+
+def metrics_csv(points: Iterable[dict[str, Any]]) -> str:
+    """Metric points (``metric_point``) as CSV: a ``step`` column, then one column per metric name (sorted),
+    empty where a step lacks that metric."""
+    points = list(points)
+    keys = sorted({k for p in points for k in p["values"]})
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["step", *keys])
+    for p in points:
+        writer.writerow([p["step"], *(p["values"].get(k, "") for k in keys)])
+    return out.getvalue()
+
+
 def apply_event(view: RunView, *, seq: int, kind: str, payload: dict[str, Any], ts: datetime | None = None) -> RunView:
     """Fold one event into ``view`` (in place, returned for chaining). Events at or below
     ``view.last_seq`` are ignored, so replaying a stream is harmless."""
@@ -344,6 +373,8 @@ def apply_event(view: RunView, *, seq: int, kind: str, payload: dict[str, Any], 
             view.step = max(view.step, point["step"])
             view.total_steps = _int(payload.get("total_steps")) or view.total_steps
             view.metrics.append(point)
+            view.logs.append(LogEntry(seq=seq, ts=ts, kind="step", message=step_line(point, view.total_steps),
+                                      detail={}))
             if view.started is None:
                 view.started = ts
     elif kind == "attention":

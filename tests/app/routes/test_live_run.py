@@ -107,3 +107,48 @@ def test_stream_resumes_after_last_event_id_without_repeats(client, session, res
     assert ids == list(range(resume + 1, len(events) + 1))
     assert messages[-1]["event"] == "end"
 
+
+
+def test_run_page_shows_the_spec_times_and_what_to_do_with_them(client, session):
+    run_id = stored_run(session, name="tiny", events=engine_events("succeeded", steps=3))
+    page = soup(client.get(f"/runs/{run_id}").text)
+    changed = [tr["data-key"] for tr in page.select("#spec table.spec-changed tbody tr")]
+    assert "trainer.device" in changed and "actor_rollout_ref.actor.optim.lr" not in changed  # differs first
+    device = page.select_one("#spec tr[data-key='trainer.device']").get_text(" ", strip=True)
+    assert device == "trainer.device cpu cuda"  # this run, then verl's default
+    assert "actor_rollout_ref.actor.optim.lr" in page.select_one("#spec details.spec-same").get_text()
+    assert page.select_one(".run-meta time") is not None
+    assert page.select_one("#edit-relaunch")["href"] == f"/runs/new?from={run_id}"
+    steps = [li.get_text(" ", strip=True) for li in page.select("#logs li.kind-step")]
+    assert [s.split(":")[0] for s in steps] == ["step 1 of 3", "step 2 of 3", "step 3 of 3"]
+    assert "tokens/s" in steps[0]
+    assert "Trials" in [a.get_text(strip=True) for a in page.select("nav a")]
+
+
+def test_edit_and_relaunch_fills_the_form_with_the_run(client, session):
+    run_id = stored_run(session, name="tiny to edit", events=[],
+                        **{"critic.model.override_config.attn_implementation": "eager"})
+    page = soup(client.get(f"/runs/new?from={run_id}").text)
+    assert page.select_one("#f-name")["value"] == "tiny to edit"
+    critic = page.select_one("select[name='critic.model.override_config.attn_implementation'] option[selected]")
+    assert critic["value"] == "eager"
+    assert page.select_one("input[name='data.train_batch_size']")["value"] == "4"
+    assert client.get("/runs/new?from=999999").status_code == 404
+
+
+def test_run_exports_and_downloads(client, session):
+    run_id = stored_run(session, name="tiny", events=engine_events("succeeded", steps=3))
+    command = client.get(f"/runs/{run_id}/export/command")
+    assert command.status_code == 200 and "verl.trainer.main_ppo" in command.text
+    assert "trainer.device=cpu" in command.text
+    spec_yaml = client.get(f"/runs/{run_id}/export.yaml")
+    assert spec_yaml.headers["content-disposition"] == f'attachment; filename="run-{run_id}.yaml"'
+    assert "device: cpu" in spec_yaml.text
+    lines = client.get(f"/runs/{run_id}/events.jsonl").text.splitlines()
+    events = [json.loads(line) for line in lines]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert {"status", "attention", "metric", "log"} <= {e["kind"] for e in events}
+    rows = client.get(f"/runs/{run_id}/metrics.csv").text.splitlines()
+    header = rows[0].split(",")
+    assert header[0] == "step" and "perf/tokens_per_s" in header and len(rows) == 4
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]
