@@ -473,6 +473,11 @@ def series(view: RunView, keys: Iterable[str]) -> list[tuple[int, float]]:
     return out
 
 
+def metric_names(views: Iterable[RunView]) -> list[str]:
+    """Every metric name any of the views has a point of, sorted."""
+    return sorted({k for v in views for point in v.metrics for k in point["values"]})
+
+
 def mean_of(view: RunView, key: str) -> float | None:
     found = [v for _, v in series(view, [key])]
     return sum(found) / len(found) if found else None
