@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -29,9 +30,31 @@ VIEWPORT_ONLY = {"new-run"}
 """Pages shown as they look on a 900 px high screen (the form's action bar stays at its bottom), then whole."""
 
 
+# The innermost elements that reach past the viewport's right edge (the page would scroll sideways),
+# outside anything that scrolls on its own.
+TOO_WIDE = """() => {
+  const out = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const r = el.getBoundingClientRect();
+    if (r.right <= document.documentElement.clientWidth + 1 || r.width === 0) continue;
+    let clipped = false;
+    for (let p = el.parentElement; p; p = p.parentElement) {
+      const o = getComputedStyle(p).overflowX;
+      if (o === "auto" || o === "scroll" || o === "hidden") { clipped = true; break; }
+    }
+    const outside = [...el.children].some(c => c.getBoundingClientRect().right > document.documentElement.clientWidth + 1);
+    if (clipped || outside) continue;
+    const cls = typeof el.className === "string" && el.className.trim() ? "." + el.className.trim().split(/\\s+/).join(".") : "";
+    out.push(el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") + cls + " (" + Math.round(r.right) + " px)");
+  }
+  return out.slice(0, 8);
+}"""
+
+
 def seed(db_url: str) -> dict[str, object]:
     """Runs and their events (which make the troubleshooting entries), and a trial; -> the token and the ids to show."""
     from app.db import make_engine, run_migrations
+    from app.models import Run
     from app.services.tokens import create_token
     from tests.app.factories import tiny_spec
     from tests.app.pages_support import engine_events, stored_run
@@ -43,14 +66,19 @@ def seed(db_url: str) -> dict[str, object]:
     with Session(engine) as session:
         _, ids["token"] = create_token(session, name="screenshots", scopes=["read", "write"])  # type: ignore[arg-type]
         for key, name, events, spec in (
-            ("ok", "tiny sdpa", engine_events("succeeded", steps=12), {}),
+            ("ok", "tiny sdpa", engine_events("succeeded", steps=12), {"trainer.total_training_steps": 12}),
             ("fallback", "critic asks for flash_attention_2 on CPU", engine_events("critic_fallback", steps=12),
              {"critic.model.override_config.attn_implementation": "flash_attention_2",
-              "attnboard.fallback_policy": "fallback"}),
+              "attnboard.fallback_policy": "fallback", "trainer.total_training_steps": 12}),
             ("strict", "strict flash_attention_2 on CPU", engine_events("critic_strict"),
              {"critic.model.override_config.attn_implementation": "flash_attention_2"}),
         ):
-            ids[key] = stored_run(session, name=name, events=events, **{**tiny_spec(), **spec})
+            ids[key] = run_id = stored_run(session, name=name, events=events, **{**tiny_spec(), **spec})
+            run = session.get(Run, run_id)  # the times a real run of this size takes on a CPU
+            run.started_at = run.created_at + timedelta(seconds=1)
+            run.finished_at = run.started_at + timedelta(seconds=2 + 3 * len(events) // 4)
+            session.add(run)
+            session.commit()
         ids["trial"] = stored_trial(session, name="sdpa or eager on the tiny model",
                                     times={"sdpa": 0.42, "eager": 0.61}).id
     engine.dispose()
@@ -111,6 +139,8 @@ def main(only: list[str]) -> int:
                             continue
                         page.goto(base + path)
                         page.wait_for_load_state("networkidle")
+                        for wide in page.evaluate(TOO_WIDE):
+                            print(f"warning: {name} at {width} px: {wide} reaches past the right edge")
                         page.screenshot(path=str(OUT / f"{name}-{label}.png"), full_page=name not in VIEWPORT_ONLY)
                         print(f"docs/screenshots/{name}-{label}.png")
                         if name in VIEWPORT_ONLY:  # and the whole page below what is on screen

@@ -79,7 +79,7 @@
         var colour = PALETTE[i % PALETTE.length];
         return { label: s.label, stroke: colour, width: 2, dash: DASHES[i % DASHES.length],
                  points: { show: x.length < 40, size: MARKERS[i % MARKERS.length], stroke: colour,
-                           fill: i % 2 ? "#ffffff" : colour } };
+                           fill: i % 2 ? "rgba(255, 255, 255, 0)" : colour } };
       }))
     };
     el._plot = new window.uPlot(opts, [x].concat(series.map(function (s) { return s.values; })), body);

@@ -57,10 +57,10 @@ def rank_key(per_rank: str, rank: str) -> str:
 
 
 SDPA_BACKEND_WORDS = {
-    "flash_attention": "PyTorch's built-in FlashAttention kernel (part of torch, not the flash-attn package)",
-    "efficient_attention": "PyTorch's memory-efficient attention kernel",
+    "flash_attention": "torch's built-in FlashAttention kernel, not the flash-attn package",
+    "efficient_attention": "torch's memory-efficient kernel",
     "cudnn_attention": "cuDNN's attention kernel",
-    "math": "the math fallback: plain matrix products, the slowest path",
+    "math": "plain matrix products, the slowest path",
 }
 """The backends of ``torch.nn.functional.scaled_dot_product_attention``, in words."""
 
@@ -112,7 +112,7 @@ class AttentionRow:
         if not self.sdpa_backend:
             return None
         if self.sdpa_backend == "flash_attention" and (self.sdpa_op or "").endswith("_for_cpu"):
-            return "PyTorch's own fused flash kernel for CPU (built into torch: no flash-attn package or GPU needed)"
+            return "torch's own fused kernel for CPU, not the flash-attn package"
         return SDPA_BACKEND_WORDS.get(self.sdpa_backend)
 
     @property

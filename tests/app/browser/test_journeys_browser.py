@@ -168,3 +168,20 @@ def test_e_compare_the_two_runs(page, server):
     expect(legend).to_contain_text("my first run")
     expect(legend).to_contain_text("eager critic")
     assert page.console_errors == []
+
+
+def test_every_page_fits_a_phone(page, server):
+    """At 390 px no page scrolls sideways (wide tables scroll inside themselves) and Launch stays on screen."""
+    signed_in(page, server)
+    page.set_viewport_size({"width": 390, "height": 844})
+    ids = ",".join(str(i) for i in server.runs.values())
+    paths = ["/", "/runs/new", "/compare" + (f"?ids={ids}" if ids else ""), "/trials", "/troubleshooting",
+             *(f"/runs/{i}" for i in server.runs.values())]
+    for path in paths:
+        page.goto(server.base + path)
+        page.wait_for_load_state("networkidle")
+        widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1], f"{path} is {widths[0]} px wide on a {widths[1]} px screen"
+    page.goto(server.base + "/runs/new")
+    expect(page.locator("#action-bar").get_by_role("button", name="Launch")).to_be_in_viewport()
+    page.set_viewport_size({"width": 1400, "height": 900})

@@ -33,7 +33,7 @@ def test_live_page_of_a_finished_run(client, session):
     backend = critic.select_one("td.observed .sdpa-backend")  # the kernel below sdpa: CPU's fused flash kernel
     assert backend["data-backend"] == "flash_attention" and critic.select_one("td.observed .sdpa-reason") is None
     assert backend.select_one("code")["title"] == "aten::_scaled_dot_product_flash_attention_for_cpu"
-    assert "fused flash kernel for CPU" in backend.select_one(".backend-words").get_text()  # not the flash-attn package
+    assert backend.select_one(".backend-words").get_text() == "torch's own fused kernel for CPU, not the flash-attn package"
     assert critic.select_one("td.strategy .precision").get_text(strip=True) == "fp32 / fp32"
     entry = page.select_one("#trouble li.kind-fallback")
     assert entry.select_one(".summary").get_text() == "flash_attention_2 requested but flash-attn is not installed"
@@ -152,3 +152,14 @@ def test_run_exports_and_downloads(client, session):
     header = rows[0].split(",")
     assert header[0] == "step" and "perf/tokens_per_s" in header and len(rows) == 4
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]
+
+
+def test_a_run_that_ended_before_its_first_step_says_so_instead_of_empty_charts(client, session):
+    run_id = stored_run(session, name="strict", events=engine_events("critic_strict"),
+                        **{"critic.model.override_config.attn_implementation": "flash_attention_2"})
+    page = soup(client.get(f"/runs/{run_id}").text)
+    assert page.select_one("figure.chart") is None
+    assert page.select_one("#no-metrics").get_text() == "No metrics: the run ended before its first step."
+    changed = [tr["data-key"] for tr in page.select("#spec table.spec-changed tbody tr")]
+    assert "critic.model.override_config.attn_implementation" in changed
+    assert "critic.model.override_config" not in changed  # the emptied mapping is the same change, shown once
