@@ -76,7 +76,7 @@ def spec_overview(run: Run) -> dict[str, Any] | None:
     # An emptied mapping (override_config: {}) and its keys set (override_config.attn_implementation) are one
     # change, shown once: by the key.
     diffs = [(key, values) for key, values in spec_differences([_default_flat(), flat])
-             if not ({repr(v) for v in values} == {"{}", "None"})]
+             if {repr(v) for v in values} != {"{}", "None"}]
     changed = {key for key, _ in diffs}
     return {"changed": [(key, values[1], values[0]) for key, values in diffs],
             "same": [(key, value) for key, value in sorted(flat.items()) if key not in changed]}
