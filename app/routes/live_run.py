@@ -32,7 +32,7 @@ from app.views.live_run import (
 from app.views.run_view import CHARTS, RunView, apply_event, fold, format_eta, metrics_csv
 from app.web import add_security_headers, page_context, redirect, render, templates
 from worker.interop.verl import export_command, export_yaml
-from worker.spec import PASSTHROUGH_NOTE, SpecError, parse_spec
+from worker.spec import PASSTHROUGH_NOTE
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -62,25 +62,17 @@ def _download(body: str | Iterator[str], media_type: str, filename: str) -> Resp
     return add_security_headers(StreamingResponse(body, media_type=media_type, headers=headers))
 
 
-def _run_spec(run: Run) -> Any:
-    try:
-        return parse_spec(run.spec)
-    except SpecError as exc:
-        raise AppError(409, "invalid_spec", f"run {run.id}'s stored spec no longer parses: {exc}", field="spec",
-                       value=run.id, valid="a spec this version of attnboard reads") from exc
-
-
 @router.get("/runs/{run_id}/export/command")
 def export_run_command(run_id: int, _: PageUser, session: SessionDep) -> Response:
     """The run's spec as a verl command line (text, to copy or save)."""
     run = runs_service.get_run(session, run_id=run_id)
-    return _download(export_command(_run_spec(run)).text + "\n", "text/plain", f"run-{run.id}.sh")
+    return _download(export_command(runs_service.run_spec(run)).text + "\n", "text/plain", f"run-{run.id}.sh")
 
 
 @router.get("/runs/{run_id}/export.yaml")
 def export_run_yaml(run_id: int, _: PageUser, session: SessionDep) -> Response:
     run = runs_service.get_run(session, run_id=run_id)
-    return _download(export_yaml(_run_spec(run)).text, "application/yaml", f"run-{run.id}.yaml")
+    return _download(export_yaml(runs_service.run_spec(run)).text, "application/yaml", f"run-{run.id}.yaml")
 
 
 @router.get("/runs/{run_id}/events.jsonl")

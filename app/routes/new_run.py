@@ -20,7 +20,6 @@ from app.views.new_run import DEFAULT_ENV, FormState, multi, starting_spec
 from app.web import add_security_headers, page_context, redirect, render
 from worker.core.environment import PROFILES
 from worker.interop.verl import export_command, export_yaml
-from worker.spec import parse_spec
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -36,7 +35,7 @@ def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoot
             ) -> Response:
     """The form: the tiny CPU preset, or ``?from=ID``: that run's spec, name and target (edit and relaunch)."""
     run = runs_service.get_run(session, run_id=from_run) if from_run is not None else None
-    spec = parse_spec(run.spec) if run is not None else starting_spec()
+    spec = runs_service.run_spec(run) if run is not None else starting_spec()
     target = run.environment if run is not None and isinstance(run.environment, str) else DEFAULT_ENV
     state = FormState(spec=spec, model_roots=roots, probe=latest_node_probe(session), name=run.name if run else "",
                       env_name=target if target in PROFILES else DEFAULT_ENV)

@@ -23,6 +23,7 @@ from app.services.common import validated_spec
 from app.services.launcher import Launcher, LauncherUnavailable
 from app.services.specs import get_spec
 from app.services.states import check_transition
+from worker.spec import RunSpec, SpecError, parse_spec
 
 DEFAULT_RUN_NAME = "run"
 
@@ -135,6 +136,16 @@ def get_run(session: Session, *, run_id: int) -> Run:
     if run is None:
         raise not_found("run", run_id, field="run_id")
     return run
+
+
+def run_spec(run: Run) -> RunSpec:
+    """The run's stored spec, parsed (to export it or fill the form with it); 409 when this version of
+    attnboard no longer reads it."""
+    try:
+        return parse_spec(run.spec)
+    except SpecError as exc:
+        raise AppError(409, "invalid_spec", f"run {run.id}'s stored spec no longer parses: {exc}", field="spec",
+                       value=run.id, valid="a spec this version of attnboard reads") from exc
 
 
 def run_filters(

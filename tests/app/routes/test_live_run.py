@@ -163,3 +163,18 @@ def test_a_run_that_ended_before_its_first_step_says_so_instead_of_empty_charts(
     changed = [tr["data-key"] for tr in page.select("#spec table.spec-changed tbody tr")]
     assert "critic.model.override_config.attn_implementation" in changed
     assert "critic.model.override_config" not in changed  # the emptied mapping is the same change, shown once
+
+
+def test_a_stored_spec_that_no_longer_parses_is_named_not_a_crash(client, session):
+    from app.models import Run
+
+    run_id = stored_run(session, name="old")
+    run = session.get(Run, run_id)
+    run.spec = {**run.spec, "trainer": {**run.spec["trainer"], "total_training_steps": "many"}}
+    session.add(run)
+    session.commit()
+    for path in (f"/runs/new?from={run_id}", f"/runs/{run_id}/export/command", f"/runs/{run_id}/export.yaml"):
+        resp = client.get(path, headers={"Accept": "application/json"})
+        assert resp.status_code == 409, path
+        assert resp.json()["error"]["field"] == "spec"
+    assert client.get(f"/runs/{run_id}").status_code == 200  # the page still shows, without the spec panel
