@@ -60,6 +60,31 @@ BADGE_ICON = {"forced": "!", "fallback": "↓", "error": "✕", "failed": "✕",
               "cancelled": "–", "queued": "…", "starting": "…"}
 
 
+# A troubleshooting category (worker.troubleshoot.classify.Category) in words.
+CATEGORY_WORDS = {
+    "flash_attn_not_installed": "flash-attn not installed",
+    "flash_attn_version": "flash-attn too old or built for another torch",
+    "flash_attn_dtype": "FlashAttention in fp32",
+    "unsupported_hardware": "GPU too old",
+    "not_on_cpu": "needs a GPU",
+    "architecture_unsupported": "model lacks this attention",
+    "head_dim": "head size outside the kernel's limits",
+    "forced_by_engine": "forced by the strategy",
+    "unknown_implementation": "unknown implementation",
+    "kernels_missing": "kernels package missing",
+    "hydra_plus_override": "verl key needs +",
+    "out_of_memory": "out of memory",
+    "flex_backward_cpu": "flex attention cannot train on CPU",
+    "output_attentions_unsupported": "output_attentions needs eager",
+    "other": "other",
+}
+
+
+def category_words(category: str | None) -> str:
+    """``flash_attn_not_installed`` -> ``flash-attn not installed`` (an unknown one with spaces for _)."""
+    return CATEGORY_WORDS.get(category or "other", (category or "other").replace("_", " "))
+
+
 def badge(kind: str | None, text: str | None = None) -> Markup:
     """A status pill: colour by class, meaning by text (and an icon), always both."""
     kind = kind or "unknown"
@@ -81,6 +106,7 @@ def json_script(value: Any) -> Markup:
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
 templates.env.filters["badge"] = badge
 templates.env.filters["json_script"] = json_script
+templates.env.filters["category_words"] = category_words
 templates.env.globals["badge"] = badge
 
 
