@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,6 +57,8 @@ def rank_key(per_rank: str, rank: str) -> str:
     return f"{per_rank}/rank {rank}"
 
 
+RULE_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+"""A resolution rule's id (``override``, ``forced-eager-fsdp-turbo-ulysses``), as reasons start with it."""
 SDPA_BACKEND_WORDS = {
     "flash_attention": "torch's built-in FlashAttention kernel, not the flash-attn package",
     "efficient_attention": "torch's memory-efficient kernel",
@@ -104,6 +107,15 @@ class AttentionRow:
         short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
         held = short.get(self.weights_dtype or "", self.weights_dtype)
         return f"{short.get(self.compute_dtype, self.compute_dtype)}" + (f" / {held}" if held else "")
+
+    @property
+    def reason_items(self) -> list[tuple[str | None, str]]:
+        """Each reason as (rule id, sentence), the rule shown apart as in the preview; None where it has none."""
+        items: list[tuple[str | None, str]] = []
+        for reason in self.reasons:
+            rule, sep, text = reason.partition(": ")
+            items.append((rule, text) if sep and RULE_ID.fullmatch(rule) else (None, reason))
+        return items
 
     @property
     def sdpa_backend_words(self) -> str | None:

@@ -17,6 +17,7 @@ from app.views.run_view import (
     CHARTS,
     aligned_series,
     apply_event,
+    attention_row,
     eager_settings,
     fold,
     format_eta,
@@ -240,3 +241,11 @@ def test_step_line_and_metrics_csv():
     assert step_line({"step": 3, "seq": 1, "values": {}}, None) == "step 3"
     assert metrics_csv(points).splitlines() == ["step,critic/rewards/mean,perf/step_time_s,perf/tokens_per_s",
                                                 "1,0.05712,1.918,412.4", "2,,,400.0"]
+
+
+def test_reasons_keep_their_rule_apart():
+    row = attention_row({"role": "critic", "reasons": [
+        {"rule": "verl-critic-defect", "text": "verl <= 0.9.1 ignores it: attnboard applies it."},
+        "fallback-step: trying sdpa next.", "tried flash_attention_2: no luck"]})
+    assert row.reason_items == [("verl-critic-defect", "verl <= 0.9.1 ignores it: attnboard applies it."),
+                                ("fallback-step", "trying sdpa next."), (None, "tried flash_attention_2: no luck")]
