@@ -41,3 +41,12 @@ def test_xss_run_name_renders_as_text(client, session):
         assert all("<" not in (s.string or "") for s in page.select("script[type='application/json']")), url
         assert XSS_NAME in page.get_text(), url
 
+
+
+def test_every_troubleshooting_category_has_words():
+    from app.web import CATEGORY_WORDS, category_words
+    from worker.troubleshoot.classify import Category
+
+    assert set(CATEGORY_WORDS) == {c.value for c in Category}
+    assert category_words("flash_attn_not_installed") == "flash-attn not installed"
+    assert category_words("some_new_one") == "some new one"
