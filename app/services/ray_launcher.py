@@ -261,15 +261,20 @@ class RayLauncher:
 
     def kill_run(self, run_id: int) -> None:
         """Stop the run in the engine host at once (its ranks are killed) and drop it there."""
+        self._stop_in_host("kill", "run", run_id)
+
+    def _stop_in_host(self, method: str, kind: str, key: int) -> None:
+        """Call the engine host's ``method`` (kill or kill_trial) for the ``kind`` ``key``, when there is a host;
+        a failure is logged, not raised (the caller has already recorded the end)."""
         import ray
 
         host = self.find_host()
         if host is None:
             return
         try:
-            ray.get(host.kill.remote(str(run_id), "stopped by the app"), timeout=HOST_CALL_TIMEOUT_S)
+            ray.get(getattr(host, method).remote(str(key), "stopped by the app"), timeout=HOST_CALL_TIMEOUT_S)
         except Exception as exc:
-            log.warning("run %s: could not stop it in the engine host: %s", run_id, exc)
+            log.warning("%s %s: could not stop it in the engine host: %s", kind, key, exc)
 
     def cluster_resources(self) -> tuple[dict[str, float], dict[str, float]]:
         """(total, available); available includes what the engine's idle warm ranks hold, since a run takes
@@ -313,15 +318,7 @@ class RayLauncher:
 
     def kill_trial(self, trial_id: int) -> None:
         """Stop the trial's job at once and drop it (a trial cancelled while it was being launched)."""
-        import ray
-
-        host = self.find_host()
-        if host is None:
-            return
-        try:
-            ray.get(host.kill_trial.remote(str(trial_id), "stopped by the app"), timeout=HOST_CALL_TIMEOUT_S)
-        except Exception as exc:
-            log.warning("trial %s: could not stop it in the engine host: %s", trial_id, exc)
+        self._stop_in_host("kill_trial", "trial", trial_id)
 
     def relaunch(self, run: Run, *, cause: str, attempt: int) -> None:
         """Start a run whose engine host died again, in this app's engine host (a new one when the old is

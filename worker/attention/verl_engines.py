@@ -163,6 +163,18 @@ def _override_unread(inp: _Inputs, role: str, key: str) -> list[Reason]:
                    f"({key} is).")]
 
 
+def _finish(inp: _Inputs, engine: str, role: str, key: str, value: str, source: str, reasons: list[Reason],
+            runs: str, *, error: str | None = None) -> EngineAttention:
+    """An engine's view with the reasons every engine adds after its own (the override it does not read, the
+    device, where attnboard differs): verl runs ``runs`` unless ``error`` or the device stops it."""
+    reasons = reasons + _override_unread(inp, role, key)
+    device_error, device_reasons = _device(inp)
+    effective = None if error or device_error else runs
+    differs, differ_reasons = _differs(inp, role, effective)
+    return EngineAttention(engine, role, key, value, source, effective, tuple(reasons + device_reasons + differ_reasons),
+                           error=error, attnboard_differs=differs)
+
+
 def _dp(inp: _Inputs, role: str) -> EngineAttention:
     key = OVERRIDE_KEYS[role]
     if role == "critic":
@@ -206,12 +218,7 @@ def _veomni(inp: _Inputs, role: str) -> EngineAttention:
     if role == "critic":
         reasons.append(Reason(Rule.verl_critic_honoured.value,
                               f"model_engine=veomni: the critic's own {key} is honoured (unlike dp's #5210)."))
-    reasons += _override_unread(inp, role, key)
-    error_text, device_reasons = _device(inp)
-    reasons += device_reasons
-    differs, differ_reasons = _differs(inp, role, None if error_text else effective)
-    return EngineAttention("veomni", role, key, value, source, None if error_text else effective,
-                           tuple(reasons + differ_reasons), attnboard_differs=differs)
+    return _finish(inp, "veomni", role, key, value, source, reasons, effective)
 
 
 def _torchtitan(inp: _Inputs, role: str) -> EngineAttention:
@@ -228,13 +235,7 @@ def _torchtitan(inp: _Inputs, role: str) -> EngineAttention:
         reasons.append(Reason(Rule.verl_engine_refuses.value,
                               f"TorchtitanEngineConfig allows attn_type {', '.join(TORCHTITAN_ATTN_TYPES)} only "
                               f"(its docstring's sdpa is refused): {error}."))
-    reasons += _override_unread(inp, role, key)
-    device_error, device_reasons = _device(inp)
-    reasons += device_reasons
-    effective = None if error or device_error else f"torchtitan:{value}"
-    differs, differ_reasons = _differs(inp, role, effective)
-    return EngineAttention("torchtitan", role, key, value, source, effective, tuple(reasons + differ_reasons),
-                           error=error, attnboard_differs=differs)
+    return _finish(inp, "torchtitan", role, key, value, source, reasons, f"torchtitan:{value}", error=error)
 
 
 def _megatron(inp: _Inputs, role: str) -> EngineAttention:
@@ -249,13 +250,7 @@ def _megatron(inp: _Inputs, role: str) -> EngineAttention:
     reasons.append(Reason(Rule.verl_engine_key.value,
                           "Megatron-Core builds its own attention (TransformerEngine); attention_backend is not a "
                           "transformers attn_implementation, and attnboard's engine cannot launch model_engine=megatron."))
-    reasons += _override_unread(inp, role, key)
-    device_error, device_reasons = _device(inp)
-    reasons += device_reasons
-    effective = None if error or device_error else f"megatron:{value}"
-    differs, differ_reasons = _differs(inp, role, effective)
-    return EngineAttention("megatron", role, key, value, source, effective, tuple(reasons + differ_reasons),
-                           error=error, attnboard_differs=differs)
+    return _finish(inp, "megatron", role, key, value, source, reasons, f"megatron:{value}", error=error)
 
 
 def _automodel(inp: _Inputs, role: str) -> EngineAttention:
@@ -290,13 +285,7 @@ def _automodel(inp: _Inputs, role: str) -> EngineAttention:
         reasons.append(Reason(Rule.verl_engine_key.value,
                               f"{inp.architecture}: Automodel's own layers run, {backend_key}={backend} chooses their "
                               f"attention backend."))
-    reasons += _override_unread(inp, role, key)
-    device_error, device_reasons = _device(inp)
-    reasons += device_reasons
-    effective = None if error or device_error else value
-    differs, differ_reasons = _differs(inp, role, effective)
-    return EngineAttention("automodel", role, key, value, source, effective, tuple(reasons + differ_reasons),
-                           error=error, attnboard_differs=differs)
+    return _finish(inp, "automodel", role, key, value, source, reasons, value, error=error)
 
 
 _ENGINES: dict[str, Callable[[_Inputs, str], EngineAttention]] = {

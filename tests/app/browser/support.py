@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlmodel import Session
 
 from app.services.ray_runtime import HEAD_RECORD, HeadRecord, free_port, pid_alive, stop_head
 from tests.app.service_support import ray_env
@@ -22,12 +23,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 ROOT = Path(__file__).resolve().parents[3]
 ACTIVE = ("queued", "starting", "running")
 RUN_TIMEOUT_MS = 150_000
+SCREENSHOTS = ROOT / "tests" / "screenshots"
 
 
 class Server:
     def __init__(self, base: str, db_url: str, data: Path):
         self.base, self.db_url, self.data = base, db_url, data
         self.token = ""
+        self.pid = 0  # the serving process
         self.runs: dict[str, int] = {}  # what the tests launched, by purpose
 
     def api(self, path: str) -> Any:
@@ -47,6 +50,7 @@ def served(data: Path, command: Sequence[str], env: dict[str, str] | None = None
     proc = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=env)
     srv = Server(f"http://127.0.0.1:{port}", env.get("ATTNBOARD_DATABASE_URL") or f"sqlite:///{data / 'attnboard.db'}",
                  data)
+    srv.pid = proc.pid
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -72,12 +76,30 @@ def served(data: Path, command: Sequence[str], env: dict[str, str] | None = None
             stop_head(record.pid)
 
 
+def create_token(db_url: str) -> str:
+    """A read and write API token in the database at ``db_url``."""
+    from app.db import make_engine
+    from app.services.tokens import create_token as create
+
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session:
+            _, token = create(session, name="browser", scopes=["read", "write"])  # type: ignore[arg-type]
+    finally:
+        engine.dispose()
+    return token
+
+
 def cancel_active(srv: Server) -> None:
-    """Cancel what is still active and wait for it to end, so the app stops its Ray head on shutdown."""
+    """Cancel the trials and runs still active and wait for the runs to end, so the app stops its Ray head on
+    shutdown."""
     if not srv.token:
         return
     headers = {"Authorization": f"Bearer {srv.token}"}
     try:
+        for trial in srv.api("/api/trials?limit=100")["data"]:
+            if trial["status"] in ("queued", "running"):
+                httpx.post(f"{srv.base}/api/trials/{trial['id']}/cancel", headers=headers, timeout=60)
         active = [r["id"] for r in srv.api("/api/runs?limit=100")["data"] if r["status"] in ACTIVE]
         for run_id in active:
             httpx.post(f"{srv.base}/api/runs/{run_id}/cancel", headers=headers, timeout=30)
@@ -98,6 +120,12 @@ def chromium() -> Iterator[Any]:
             yield b
         finally:
             b.close()
+
+
+def shot(page, name: str) -> None:
+    """A full-page screenshot of ``page`` as tests/screenshots/NAME.png."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
 def expect(locator):

@@ -13,14 +13,22 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from sqlmodel import Session
 
-from tests.app.browser.support import ACTIVE, ROOT, RUN_TIMEOUT_MS, Server, expect, reveal, run_id_of, served
+from tests.app.browser.support import (
+    ACTIVE,
+    RUN_TIMEOUT_MS,
+    Server,
+    create_token,
+    expect,
+    reveal,
+    run_id_of,
+    served,
+    shot,
+)
 from tests.app.pages_support import XSS_NAME
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
 
-SCREENSHOTS = ROOT / "tests" / "screenshots"
 SEED_CRITIC_COMMAND = """python3 ppo_trainer.py \\
     actor_rollout_ref.model.override_config.attn_implementation=eager \\
     critic.model.override_config.attn_implementation=eager \\
@@ -37,26 +45,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     db_url = f"sqlite:///{data / 'attnboard.db'}"
     with served(data, [sys.executable, "-m", "uvicorn", "app.main:create_served_app", "--factory", "--host", "127.0.0.1",
                        "--log-level", "warning"], env={"ATTNBOARD_DATABASE_URL": db_url}) as srv:
-        srv.token = _create_token(db_url)
+        srv.token = create_token(db_url)
         yield srv
-
-
-def _create_token(db_url: str) -> str:
-    from app.db import make_engine
-    from app.services.tokens import create_token
-
-    engine = make_engine(db_url)
-    try:
-        with Session(engine) as session:
-            _, token = create_token(session, name="browser", scopes=["read", "write"])  # type: ignore[arg-type]
-    finally:
-        engine.dispose()
-    return token
-
-
-def shot(page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
 def preview_cell(page, role: str, cell: str) -> str:

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.worker.engine.support import TINY
 from worker.core.environment import PROFILES
 from worker.engine.parity import PARITY_ULPS, TOLERANCE_FP32, parity_check, parity_tolerance
 from worker.engine.trial import (
@@ -22,17 +23,6 @@ from worker.engine.trial import (
     unloadable_reason,
 )
 from worker.spec import unflatten
-
-TINY = {
-    "actor_rollout_ref.model.path": "builtin:tiny-llama",
-    "critic.model.path": "builtin:tiny-llama",
-    "data.train_files": "builtin:count",
-    "data.train_batch_size": 4,
-    "data.max_response_length": 8,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-    "trainer.device": "cpu",
-    "trainer.n_gpus_per_node": 1,
-}
 
 
 def col(impl: str, time_s: float | None, *, mem: float = 100.0, parity: float | None = 0.0, spread: float = 0.0,

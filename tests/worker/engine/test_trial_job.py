@@ -9,23 +9,13 @@ from typing import Any
 
 import pytest
 
+from tests.worker.engine.support import TINY
 from worker.core.environment import PROFILES
 from worker.engine.ranks import PoolSettings, RankPool
 from worker.engine.trial import Column, StepFigures
 from worker.engine.trial_job import TrialJob
 
 pytestmark = pytest.mark.ray
-
-TINY = {
-    "actor_rollout_ref.model.path": "builtin:tiny-llama",
-    "critic.model.path": "builtin:tiny-llama",
-    "data.train_files": "builtin:count",
-    "data.train_batch_size": 4,
-    "data.max_response_length": 8,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-    "trainer.device": "cpu",
-    "trainer.n_gpus_per_node": 1,
-}
 
 
 def follow(job: TrialJob, until, timeout: float = 300) -> tuple[dict[str, Any], list[str]]:

@@ -45,7 +45,11 @@ from worker.spec import ALIASES, PASSTHROUGH_NOTE, SPEC_NAMES, RunSpec, classify
 from worker.spec.verl_defaults import VERL_VERSION
 
 SCRIPTS = Path(__file__).parent.parent / "fixtures" / "verl_scripts"
-ALL = sorted(p.name for p in SCRIPTS.glob("*.sh"))
+# verl's examples/ scripts per advantage estimator differ only in its name: one template, one case per estimator
+ESTIMATOR_TEMPLATE = (SCRIPTS.parent / "estimator.sh.template").read_text()
+GENERATED = {f"estimator_{e}.sh": ESTIMATOR_TEMPLATE.replace("@ESTIMATOR@", e)
+             for e in ("gpg", "grpo_passk", "opo", "reinforce_plus_plus", "remax", "rloo")}
+ALL = sorted({p.name for p in SCRIPTS.glob("*.sh")} | set(GENERATED))
 REFUSED = {
     "refused_megatron_strategy.sh": MEGATRON_MESSAGE.format(what="actor_rollout_ref.actor.strategy=megatron",
                                                             engine="megatron", version=VERL_VERSION),
@@ -55,6 +59,20 @@ REFUSED = {
 IMPORTED = [name for name in ALL if name not in REFUSED]
 needs_bash = pytest.mark.skipif(BASH is None, reason="bash is the oracle")
 
+
+
+def _text(name: str) -> str:
+    """The corpus script ``name``: a generated one's text, or the file's."""
+    return GENERATED[name] if name in GENERATED else (SCRIPTS / name).read_text()
+
+
+def _path(name: str, tmp: Path) -> Path:
+    """A file bash can run for the corpus script ``name`` (a generated one is written into ``tmp``)."""
+    if name not in GENERATED:
+        return SCRIPTS / name
+    path = tmp / name
+    path.write_text(GENERATED[name])
+    return path
 
 
 def test_the_corpus_is_large_enough() -> None:
@@ -105,10 +123,10 @@ def _same(imported: Any, bash: Any) -> bool:
 @needs_bash
 @pytest.mark.parametrize("name", IMPORTED)
 def test_every_key_the_script_sets_survives(name: str, tmp_path: Path) -> None:
-    text = (SCRIPTS / name).read_text()
+    text = _text(name)
     result = import_command(text)
     script = read_script(text)
-    args = bash_call(SCRIPTS / name, script.environment, tmp_path)
+    args = bash_call(_path(name, tmp_path), script.environment, tmp_path)
     expected = _expected(args)
     modelled = result.overrides
     passthrough = {k.lstrip("+"): v for k, v in result.spec.verl_passthrough.items()}
@@ -141,7 +159,7 @@ def test_every_key_the_script_sets_survives(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", IMPORTED)
 def test_export_then_import_is_the_identity(name: str) -> None:
-    spec = import_command((SCRIPTS / name).read_text()).spec
+    spec = import_command(_text(name)).spec
     for full in (False, True):
         again = import_command(export_command(spec, full=full).text).spec
         assert again == spec, name
@@ -151,7 +169,7 @@ def test_export_then_import_is_the_identity(name: str) -> None:
 
 @pytest.mark.parametrize("name,message", sorted(REFUSED.items()))
 def test_unsupported_backends_and_entry_points_get_one_clear_message(name: str, message: str) -> None:
-    text = (SCRIPTS / name).read_text()
+    text = _text(name)
     with pytest.raises(VerlImportError) as caught:
         import_command(text)
     assert caught.value.message == message
@@ -200,7 +218,7 @@ def test_unsupported_backends_and_entry_points_get_one_clear_message(name: str, 
 )
 def test_values_resolved_as_bash_does(name: str, key: str, value: Any) -> None:
     """Hand-checked values: arithmetic, arrays, defaults, branches, functions, pattern removal."""
-    spec = import_command((SCRIPTS / name).read_text()).spec
+    spec = import_command(_text(name)).spec
     flat = {**flatten(spec.model_dump(exclude={"verl_passthrough"})), **spec.verl_passthrough}
     assert flat[key] == value
 
@@ -225,7 +243,7 @@ def test_values_resolved_as_bash_does(name: str, key: str, value: Any) -> None:
     ],
 )
 def test_what_is_not_known_is_listed(name: str, warning: str) -> None:
-    assert warning in import_command((SCRIPTS / name).read_text()).warnings
+    assert warning in import_command(_text(name)).warnings
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,7 +275,7 @@ def test_shellish_text_raises_only_verl_import_error(text: str) -> None:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.sampled_from([(SCRIPTS / n).read_text() for n in ALL[:12]]), min_size=1, max_size=2),
+@given(st.lists(st.sampled_from([_text(n) for n in ALL[:12]]), min_size=1, max_size=2),
        st.integers(0, 4000), st.integers(0, 40))
 def test_cut_scripts_raise_only_verl_import_error(parts: list[str], cut: int, width: int) -> None:
     text = "\n".join(parts)
@@ -266,7 +284,7 @@ def test_cut_scripts_raise_only_verl_import_error(parts: list[str], cut: int, wi
 
 def test_spec_with_pass_through_survives_the_api_shape() -> None:
     """The canonical tree (as stored and served) parses back to the same spec, pass-through included."""
-    spec = import_command((SCRIPTS / "dapo_style_main_ppo.sh").read_text()).spec
+    spec = import_command(_text("dapo_style_main_ppo.sh")).spec
     assert parse_spec(spec.model_dump(mode="json")) == spec
     assert isinstance(spec, RunSpec) and spec.verl_passthrough
 
@@ -302,7 +320,7 @@ def test_format_is_told_from_the_whole_text(text: str, fmt: str) -> None:
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_corpus_script_is_read_as_a_command_line(name: str) -> None:
-    assert detect_format((SCRIPTS / name).read_text()) == "cli"
+    assert detect_format(_text(name)) == "cli"
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,7 +341,7 @@ OUT_OF_SCOPE = set(REFUSED)  # Megatron and other entry points: refused with one
 
 
 def _oracle_argv(name: str, tmp: Path) -> list[str]:
-    return bash_call(SCRIPTS / name, read_script((SCRIPTS / name).read_text()).environment, tmp)
+    return bash_call(_path(name, tmp), read_script(_text(name)).environment, tmp)
 
 
 @needs_verl
@@ -336,7 +354,7 @@ def test_every_script_verls_hydra_accepts_imports_with_every_key_equal(name: str
         assert name in HYDRA_REFUSED, name
         return
     assert name not in HYDRA_REFUSED, name
-    result = import_command((SCRIPTS / name).read_text())
+    result = import_command(_text(name))
     assert differences(result, composed) == {}, name
 
 
@@ -345,9 +363,9 @@ def test_every_script_verls_hydra_accepts_imports_with_every_key_equal(name: str
 def test_the_export_launches_the_same_run(name: str, tmp_path: Path) -> None:
     """export -> bash -> verl's Hydra composes the config the script composes (what the shell expands
     stays expandable; deprecated keys keep verl's meaning)."""
-    text = (SCRIPTS / name).read_text()
+    text = _text(name)
     environment = read_script(text).environment
-    original = compose(bash_call(SCRIPTS / name, environment, tmp_path))
+    original = compose(bash_call(_path(name, tmp_path), environment, tmp_path))
     result = import_command(text)
     exported = tmp_path / "export.sh"
     exported.write_text(export_command(result.spec).text)
@@ -367,7 +385,7 @@ def test_the_alias_readers_are_verls(alias: str) -> None:
 
 
 def test_a_value_only_slurm_knows_is_asked_for() -> None:
-    text = (SCRIPTS / "slurm_nodes_from_environment.sh").read_text()
+    text = _text("slurm_nodes_from_environment.sh")
     result = import_command(text)
     assert result.asks == {"trainer.nnodes": "$SLURM_JOB_NUM_NODES"} and result.spec.trainer.nnodes == 1
     assert "trainer.nnodes=$SLURM_JOB_NUM_NODES: its value is known only where the script runs; the spec keeps 1 " \
@@ -377,7 +395,7 @@ def test_a_value_only_slurm_knows_is_asked_for() -> None:
 
 
 def test_the_export_keeps_what_the_shell_expands() -> None:
-    spec = import_command((SCRIPTS / "export_keeps_expansions.sh").read_text()).spec
+    spec = import_command(_text("export_keeps_expansions.sh")).spec
     exported = export_command(spec)
     assert '"data.train_files=${HOME}/verl/data/dapo-math-17k.parquet"' in exported.text
     assert '"trainer.experiment_name=0.5b-$(date +%Y%m%d)"' in exported.text
