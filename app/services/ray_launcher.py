@@ -27,6 +27,7 @@ from sqlmodel import Session, col, select
 from app.models import TERMINAL_STATUSES, Run, RunStatus
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_runtime import RayRuntime, RayUnavailable
+from worker.preflight import rank_resources
 
 log = logging.getLogger("attnboard.scheduler")
 
@@ -55,9 +56,8 @@ class Need:
     def of_spec(cls, spec: Mapping[str, Any]) -> Need:
         """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each 1 CPU, plus 1 GPU off CPU."""
         trainer = spec.get("trainer", {}) if isinstance(spec, Mapping) else {}
-        world = int(trainer.get("nnodes", 1)) * int(trainer.get("n_gpus_per_node", 1))
-        device = trainer.get("device", "cuda")
-        return cls({"CPU": world} if device == "cpu" else {"CPU": world, "GPU": world})
+        return cls(rank_resources(int(trainer.get("nnodes", 1)), int(trainer.get("n_gpus_per_node", 1)),
+                                  trainer.get("device", "cuda")))
 
     def fits(self, free: Mapping[str, float]) -> bool:
         return all(free.get(k, 0.0) >= v for k, v in self.resources.items())
@@ -261,6 +261,13 @@ class RayLauncher:
             for key, amount in idle.items():
                 available[key] = available.get(key, 0.0) + amount
         return total, available
+
+    def cluster_total(self) -> dict[str, float]:
+        """What the cluster has in all (preflight: resources it can never offer); raises LauncherUnavailable."""
+        import ray
+
+        self.connect()
+        return dict(ray.cluster_resources())
 
     def run_folders(self, run_id: int) -> dict[str, Any]:
         """Where the engine puts a run's artefacts (its checkpoints) and the only folder they may be in."""

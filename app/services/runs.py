@@ -21,6 +21,7 @@ from app.errors import AppError, not_found
 from app.models import NAME_MAX, TERMINAL_STATUSES, Run, RunCreate, RunStatus, utcnow
 from app.services.common import validated_spec
 from app.services.launcher import Launcher, LauncherUnavailable
+from app.services.preflight import refuse_never_fits
 from app.services.specs import get_spec
 from app.services.states import check_transition
 
@@ -86,6 +87,7 @@ def create_run(session: Session, *, data: RunCreate, launcher: Launcher | None =
 def _insert_run(session: Session, *, source: Any, name: str, spec_id: int | None, environment: Any,
                 retry_of: int | None, launcher: Launcher | None) -> Run:
     spec, tree, _ = validated_spec(source, launch=True)
+    refuse_never_fits(spec, launcher)
     run = Run(name=name, spec_id=spec_id, spec=tree, environment=environment, retry_of=retry_of,
               total_steps=spec.total_steps)
     session.add(run)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import re
 import traceback as _traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -767,6 +767,22 @@ def classify(error: ErrorInfo, env: EnvFacts | None = None, *, role: str | None 
             if found:
                 return rule.build(_Context(error, env, role, found))
     return _other(error, role)
+
+
+def eager_remedy(roles: Iterable[str]) -> Remedy:
+    """The guide's second step for roles that cannot run their attention: eager on every setting those roles
+    share (the actor, rollout and reference share one key), so one retry recovers them all. The preview's
+    panel, its one-click fix, preflight's suggestion and the run page's button all say and apply this one.
+
+    >>> sorted(eager_remedy(["critic", "actor"]).patch)
+    ['actor_rollout_ref.model.override_config.attn_implementation', 'critic.model.override_config.attn_implementation']
+    """
+    sections = sorted({ROLE_SECTIONS[r] for r in roles})
+    patch = {ATTN_KEY.format(section=s): Impl.eager.value for s in sections}
+    who = " and ".join("the critic" if s == "critic" else "the actor, rollout and reference" for s in sections)
+    sentence = (f"Fall back to eager on {who} (the guide's order: check compatibility, then eager, then the "
+                f"hardware, then read the error): set {_shown(patch)}.")
+    return Remedy(patch, sentence)
 
 
 def _other(error: ErrorInfo, role: str | None) -> Diagnosis:
