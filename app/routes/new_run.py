@@ -16,27 +16,56 @@ from app.services import interop
 from app.services import runs as runs_service
 from app.services.probes import latest_node_probe
 from app.views.new_run import FormState, multi, starting_spec
+from app.views.run_form import issues_by_field
 from app.web import add_security_headers, page_context, redirect, render
 from worker.interop.verl import export_command, export_yaml
+from worker.spec import SpecError
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
 
-async def _form_state(form: dict[str, list[str]], roots: list[Path], session: Session) -> FormState:
-    """The posted form's state, off the event loop: the probe is a query, the preview reads config.json."""
-    return await run_in_threadpool(lambda: FormState(form, model_roots=roots, probe=latest_node_probe(session)))
+async def _form_state(request: Request, form: dict[str, list[str]], roots: list[Path], session: Session) -> FormState:
+    """The posted form's state, off the event loop: the probe is a query, the preview reads config.json,
+    preflight looks for the files and asks Ray what the cluster has."""
+    return await run_in_threadpool(lambda: FormState(form, model_roots=roots, probe=latest_node_probe(session),
+                                                     launcher=get_launcher(request)))
 
 
 @router.get("/runs/new")
 def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
-    state = FormState(spec=starting_spec(), model_roots=roots, probe=latest_node_probe(session))
+    state = FormState(spec=starting_spec(), model_roots=roots, probe=latest_node_probe(session),
+                      launcher=get_launcher(request))
     return render(request, "run_new.html", {**page_context(request), **state.context()})
 
 
 @router.post("/runs/preview", dependencies=CSRF)
 async def preview(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
-    state = await _form_state(multi(await request.form()), roots, session)
+    state = await _form_state(request, multi(await request.form()), roots, session)
     return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview")
+
+
+@router.post("/runs/adapt", dependencies=CSRF)
+async def adapt(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+    """"Adapt to this target" (``apply=all``: every suggested value of the preflight) or the attention remedy
+    alone (``apply=remedy``), in one click: the form again, filled with the adapted spec, saying what changed."""
+    form = multi(await request.form())
+    only_remedy = (form.get("apply") or ["all"])[-1] == "remedy"
+    state = await _form_state(request, form, roots, session)
+    patch = state.adaptation(only_remedy=only_remedy)
+    try:
+        adapted = state.adapted(patch)
+    except SpecError as exc:
+        state.errors = issues_by_field(exc.issues)
+        adapted = None
+    if adapted is None:
+        return render(request, "run_new.html", {**page_context(request), **state.context()}, block="form_area")
+    new = await run_in_threadpool(lambda: FormState(spec=adapted, model_roots=roots, probe=latest_node_probe(session),
+                                                    launcher=get_launcher(request)))
+    new.name, new.env_name = state.name, state.env_name
+    notes = [f"{key} = {value}" for key, value in patch.items()]
+    return render(request, "run_new.html",
+                  {**page_context(request), **new.context(adapt_notes=notes, adapted_to=state.env_name)},
+                  block="form_area")
 
 
 @router.post("/runs/import", dependencies=CSRF)
@@ -62,7 +91,8 @@ async def import_verl(request: Request, _: PageUser, roots: ModelRoots) -> Respo
 
 @router.get("/runs/export/command")
 def export_form_command(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
-    state = FormState(multi(request.query_params), model_roots=roots, probe=latest_node_probe(session))
+    state = FormState(multi(request.query_params), model_roots=roots, probe=latest_node_probe(session),
+                      launcher=get_launcher(request))
     if state.spec is None or state.errors:
         return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview",
                       status_code=422)
@@ -84,8 +114,8 @@ def export_form_yaml(request: Request, _: PageUser, session: SessionDep, roots: 
 @router.post("/runs", dependencies=CSRF)
 async def launch(request: Request, principal: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
     require_page_write(principal)
-    state = await _form_state(multi(await request.form()), roots, session)
-    if state.spec is None or state.errors:
+    state = await _form_state(request, multi(await request.form()), roots, session)
+    if state.spec is None or state.errors or state.launch_blocked:  # blocked: roles cannot run (the remedy is shown)
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
     data = RunCreate(name=state.name or state.spec.trainer.experiment_name or None,
                      spec=state.spec.model_dump(mode="json"), environment=state.environment)

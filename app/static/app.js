@@ -14,6 +14,19 @@
     }
   });
 
+  /* ---- the new-run form: Launch is disabled while the preview's preflight says roles cannot run their
+     attention (data-launch-blocked); the preview is swapped on every change, the button is not. */
+  function syncLaunch() {
+    var launch = document.getElementById("launch");
+    if (!launch || launch.hasAttribute("data-read-only")) return;
+    var blocked = !!document.querySelector("#preview [data-launch-blocked]");
+    launch.disabled = blocked;
+    if (blocked) launch.title = "Roles cannot run their attention here: apply the remedy in the preview";
+    else launch.removeAttribute("title");
+  }
+  document.addEventListener("htmx:afterSettle", syncLaunch);
+  document.addEventListener("DOMContentLoaded", syncLaunch);
+
   /* ---- copy to clipboard: <button data-copy="#selector"> */
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-copy]");
