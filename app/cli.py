@@ -205,27 +205,19 @@ SUBMIT_EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CA
 WAIT_CHUNK_S = 300.0
 
 
-def _attention_rows(attention: dict[str, Any], effective: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Per role: requested -> effective (and what ran); from the wait answer, else the run's summary."""
-    rows = [{"role": role, **{k: info.get(k) for k in ("requested", "effective", "observed", "status")}}
-            for role, info in attention.items()]
-    seen = {row["role"] for row in rows}
-    rows += [{"role": role, "requested": None, "effective": value, "observed": None, "status": None}
-             for role, value in (effective or {}).items() if role not in seen]
-    return rows
+SUBMIT_COLUMNS = ("role", "requested", "effective", "observed", "status", "error")
 
 
-def _print_outcome(run: dict[str, Any], attention: dict[str, Any], base: str) -> None:
+def _print_outcome(run: dict[str, Any], attention: list[dict[str, Any]], base: str) -> None:
+    """The run's end and its attention per role: the rows of ``/wait`` (``app.services.pump.attention_rows``)."""
     out.print(f"run {run['id']} {run['status']}: {run.get('status_reason') or ''}  ({base}/runs/{run['id']})",
               markup=False)
-    rows = _attention_rows(attention, run.get("effective_attention"))
-    if rows:
+    if attention:
         table = Table(title="effective attention per role", title_justify="left")
-        for column in ("role", "requested", "effective", "observed", "status"):
-            table.add_column(column, no_wrap=True)
-        for row in rows:
-            table.add_row(*(str(row[c]) if row[c] is not None else "-" for c in
-                            ("role", "requested", "effective", "observed", "status")))
+        for column in SUBMIT_COLUMNS:
+            table.add_column(column, no_wrap=column != "error")
+        for row in attention:
+            table.add_row(*(str(row.get(c)) if row.get(c) is not None else "-" for c in SUBMIT_COLUMNS))
         out.print(table)
 
 
@@ -302,7 +294,7 @@ def submit_cmd(
     if as_json:
         print(json.dumps({"run_id": run["id"], "status": run["status"], "status_reason": run["status_reason"],
                           "timed_out": answer["timed_out"], "exit_code": code,
-                          "attention": _attention_rows(attention, run.get("effective_attention")),
+                          "attention": attention,
                           "url": f"{base}/runs/{run['id']}"}))
     else:
         _print_outcome(run, attention, base)

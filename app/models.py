@@ -326,11 +326,14 @@ class RunWaitPublic(BaseModel):
 
     run: RunPublic
     timed_out: bool = Field(description="True when the run was still unfinished at the timeout.")
-    attention: dict[str, dict[str, Any]] = Field(
-        description="Per role, from its attention events (after a restart, the new ranks'): requested, effective, "
+    attention: list[dict[str, Any]] = Field(
+        description="One row per role (actor, rollout, reference, critic), the shape `attnboard submit --json` prints "
+                    "too: role, then from its attention events (after a restart, the new ranks'): requested, effective, "
                     "observed, status, forced, fallback, rank, node, attempt, sdpa_backend (the SDPA backend the "
                     "first forward ran: flash_attention, efficient_attention, cudnn_attention or math; null when no "
-                    "SDPA call ran), sdpa_backend_reason (why it was math), compute_dtype."
+                    "SDPA call ran), sdpa_backend_reason (why it was math), compute_dtype, and error (null). On a "
+                    "failed or cancelled run a role that never reported has requested (from the spec), effective null, status "
+                    "error and error: its load error or why the run ended first."
     )
 
 

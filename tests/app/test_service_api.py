@@ -62,11 +62,31 @@ def test_wait_answers_at_once_for_a_finished_run_with_attention_per_role(client,
     body = client.get(f"/api/runs/{run_id}/wait", params={"timeout": 60}).json()
     assert time.monotonic() - t0 < 5
     assert body["timed_out"] is False and body["run"]["status"] == "succeeded"
-    assert body["attention"]["actor"]["effective"] == "sdpa"
-    assert body["attention"]["critic"] == {"requested": "sdpa", "effective": "eager", "observed": "eager",
-                                           "status": "fallback", "forced": None, "fallback": None, "rank": 0,
-                                           "node": None, "attempt": 0, "sdpa_backend": None,
-                                           "sdpa_backend_reason": None, "compute_dtype": None}
+    by_role = {row["role"]: row for row in body["attention"]}
+    assert [row["role"] for row in body["attention"]] == ["actor", "critic"]  # ROLES order, each reported role
+    assert by_role["actor"]["effective"] == "sdpa"
+    assert by_role["critic"] == {"role": "critic", "requested": "sdpa", "effective": "eager", "observed": "eager",
+                                 "status": "fallback", "forced": None, "fallback": None, "rank": 0,
+                                 "node": None, "attempt": 0, "sdpa_backend": None,
+                                 "sdpa_backend_reason": None, "compute_dtype": None, "error": None}
+
+
+def test_a_failed_runs_wait_reports_every_role_with_the_error_or_why_it_ended(client, write_headers):
+    """Issue 17 item 5: a failed run's attention is not empty: the role that could not load has its error,
+    the others what they asked for and why they never loaded."""
+    run_id = _create(client, write_headers)
+    load_error = {"seq": 3, "kind": "error", "payload": {"role": "critic", "message": "critic: flash_attention_2 "
+                  "cannot load: FlashAttention2 has been toggled on, but it cannot be used", "attempts": []}}
+    events = [status_event(1, "starting"), attention_event(2, "actor", "sdpa"), load_error,
+              status_event(4, "failed", "the critic could not load")]
+    assert client.post(f"/api/runs/{run_id}/events", json=events, headers=write_headers).status_code == 200
+    body = client.get(f"/api/runs/{run_id}/wait", params={"timeout": 5}).json()
+    rows = {row["role"]: row for row in body["attention"]}
+    assert [row["role"] for row in body["attention"]] == ["actor", "rollout", "reference", "critic"]
+    assert rows["actor"]["effective"] == "sdpa" and rows["actor"]["error"] is None
+    assert (rows["critic"]["requested"], rows["critic"]["effective"], rows["critic"]["status"]) == ("sdpa", None, "error")
+    assert rows["critic"]["error"].startswith("critic: flash_attention_2 cannot load")
+    assert rows["rollout"]["error"] == "did not load: the run failed (the critic could not load)"
 
 
 def test_wait_times_out_on_an_unfinished_run(client, write_headers):
