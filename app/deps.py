@@ -23,7 +23,6 @@ from starlette.concurrency import run_in_threadpool
 from app import auth_browser
 from app.core.config import Settings
 from app.errors import AppError, LoginRequired
-from app.services import trials as trials_service
 from app.services.auth import (
     ANONYMOUS,
     Principal,
@@ -179,12 +178,10 @@ def require_page_write(principal: Principal) -> None:
 
 
 def get_trial_starter(request: Request) -> Callable[[int], Any]:
-    """How a new trial starts: a background thread, on the Ray launcher's cluster when one is attached."""
-    app = request.app
-    launcher = app.state.launcher
-    connect = getattr(launcher, "connect", None) or trials_service.connect_local_ray
-    roots = list(app.state.settings.MODEL_ROOTS)
-    return lambda trial_id: trials_service.start_in_thread(app.state.engine, trial_id, model_roots=roots, connect=connect)
+    """What follows a new trial: the scheduler is woken (the trial starts in the engine host when its ranks
+    are free; with no Ray launcher attached it stays queued)."""
+    wake = getattr(request.app.state.launcher, "wake", None)
+    return lambda trial_id: wake.set() if wake is not None else None
 
 
 TrialStarter = Annotated[Callable[[int], Any], Depends(get_trial_starter)]

@@ -24,13 +24,14 @@ from app.db import make_engine, run_migrations
 from app.errors import ERROR_RESPONSES, install_error_handlers
 from app.middleware import BodySizeLimit
 from app.models import Run
+from app.models_troubleshooting import Trial
 from app.routes import compare, health, live_run, login, new_run, runs, runs_list, specs, tokens, tools, trials, troubleshooting
 from app.services import trials as trials_service
 from app.services.auth import bearer_authenticator
 from app.services.feeds import RunFeeds
 from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
-from app.services.ray_launcher import ACTIVE, RayLauncher
+from app.services.ray_launcher import ACTIVE, TRIAL_ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
 from app.web import STATIC_DIR
 from worker.core.contract import host_name
@@ -122,6 +123,8 @@ def _stop_ray(app: FastAPI, supervisor: Supervisor) -> None:
     with Session(app.state.engine) as session:
         active = session.exec(select(func.count()).select_from(Run)
                               .where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).one()
+        active += session.exec(select(func.count()).select_from(Trial)  # trials run in the engine host too
+                               .where(col(Trial.status).in_(TRIAL_ACTIVE), col(Trial.engine_job).is_not(None))).one()
     if not active:
         supervisor.launcher.stop_host()
     supervisor.launcher.runtime.shutdown(active_runs=active)

@@ -18,6 +18,8 @@ from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
 from starlette.responses import Response
 
+from worker.core.implementations import FALLBACK_CHAIN
+
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -72,6 +74,7 @@ templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
 templates.env.filters["badge"] = badge
 templates.env.filters["json_script"] = json_script
 templates.env.globals["badge"] = badge
+templates.env.globals["trial_implementations"] = FALLBACK_CHAIN  # the new-run form's trial choices
 
 
 def is_htmx(request: Request) -> bool:

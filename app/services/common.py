@@ -1,4 +1,4 @@
-"""Helpers shared by the services: spec validation into AppErrors, pagination bounds."""
+"""Helpers shared by the services: spec validation into AppErrors, pagination bounds, restart limits."""
 
 from __future__ import annotations
 
@@ -20,3 +20,13 @@ def validated_spec(data: Any, *, prefix: str = "spec", launch: bool = False) -> 
     except RecursionError:
         raise AppError(422, "invalid_spec", f"{prefix}: nested too deeply", field=prefix) from None
     return spec, spec_to_tree(spec), warnings
+
+
+def max_restarts_of(spec: dict[str, Any]) -> int:
+    """``attnboard.max_restarts`` of a stored spec tree (its default when a spec stored before the key lacks it):
+    how often a run, or a trial, is started again after its engine host died."""
+    from worker.spec import AttnboardSection
+
+    value = (spec.get("attnboard") or {}).get("max_restarts") if isinstance(spec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else \
+        AttnboardSection.model_fields["max_restarts"].default

@@ -12,6 +12,7 @@ from app.models import Run
 from app.services import checkpoints as checkpoints_service
 from app.services import events as events_service
 from app.views.run_view import RunView, fold
+from worker.ppo.advantage import needs_critic
 
 
 def load_view(session: Session, run: Run) -> RunView:
@@ -44,8 +45,8 @@ def passthrough_of(run: Run) -> dict[str, Any]:
 
 def eager_roles(run: Run, view: RunView) -> list[str]:
     """The settings a "retry with eager on ..." button is offered for: those whose role fell back or did
-    not load, the critic only when the run trains one (gae)."""
-    has_critic = (run.spec.get("algorithm") or {}).get("adv_estimator", "gae") == "gae"
+    not load, the critic only when the run trains one."""
+    has_critic = needs_critic((run.spec.get("algorithm") or {}).get("adv_estimator", "gae"))
     return [role for role in view.eager_retry_roles() if role != "critic" or has_critic]
 
 

@@ -1,6 +1,6 @@
 """The troubleshooting log: entries from ingested events, filters, notes, retry with the remedy, the return
 to the fast path, auth, and the pages. Events are the engine's own payload shapes (see
-``worker.engine.plan.fallback_payloads`` and ``controller.RoleFailure``); the end-to-end test with the real
+``worker.engine.plan.fallback_payloads`` and ``trainer.RoleFailure``); the end-to-end test with the real
 engine is in ``test_troubleshooting_engine.py``."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 
 class AdvEstimator(str, Enum):
     """verl 0.9.1's advantage estimators (``verl.trainer.ppo.core_algos.AdvantageEstimator``), all accepted in
-    a spec; attnboard's engine runs those in ``ENGINE_ADV_ESTIMATORS`` (``engine_issues`` refuses the rest)."""
+    a spec; attnboard's engine runs those registered in ``worker.ppo.advantage`` (``engine_issues`` refuses the rest)."""
 
     gae = "gae"
     grpo = "grpo"

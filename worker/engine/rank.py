@@ -282,6 +282,12 @@ class RankWorker:
 
         return probe_environment(model_folder)
 
+    def parity_check(self, folder: str, implementations: list[str], dtype: str) -> Any:
+        """The trial's logit parity (``worker.engine.parity.parity_check``) on this rank's device -> ``Parity``."""
+        from worker.engine.parity import parity_check
+
+        return parity_check(folder, implementations, device=self.device, dtype=dtype)
+
     # ---- loading
 
     @register(Dispatch.ONE_TO_ALL)

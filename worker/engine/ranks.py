@@ -26,7 +26,6 @@ from typing import Any, Protocol
 import ray
 
 from worker.core.contract import NAMESPACE
-from worker.engine.rank import RankWorker
 
 log = logging.getLogger("attnboard.engine.ranks")
 
@@ -46,6 +45,8 @@ def rank_resources(device: str) -> dict[str, float]:
 
 def start_rank(device: str, rank: int = 0, world: int = 1, run_id: str = "", **options: Any) -> Any:
     """A new rank actor asking Ray for its resources (``rank_resources``); ``options`` add e.g. a name."""
+    from worker.engine.rank import RankWorker  # torch: imported where a rank starts, so the pool's users need none
+
     return ray.remote(RankWorker).options(**rank_resources(device), max_restarts=0, **options).remote(
         rank, world, run_id, device)
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from worker.core.implementations import BUILTIN_NAMES, VALID_DESCRIPTION, is_valid_name
 from worker.core.pydantic_errors import valid_for
 from worker.core.vocabulary import AdvEstimator, KLType, ModelInfo  # shared with the PPO math and the model readers
+from worker.ppo import advantage
 from worker.spec.verl_defaults import VERL_DEFAULTS, VERL_VERSION
 
 # --------------------------------------------------------------------------------------------
@@ -76,8 +77,6 @@ class Strategy(str, Enum):
     fsdp_turbo = "fsdp_turbo"
 
 
-ENGINE_ADV_ESTIMATORS: frozenset[str] = frozenset({AdvEstimator.gae.value, AdvEstimator.grpo.value})
-"""The advantage estimators attnboard's engine implements (``worker.ppo.core_algos.ADV_ESTIMATORS``; a test keeps them equal)."""
 ENGINE_KL_TYPES: frozenset[str] = frozenset(
     k.value for k in (KLType.kl, KLType.abs, KLType.mse, KLType.low_var_kl, KLType.k1, KLType.k2, KLType.k3))
 """The KL estimators attnboard's engine implements (``worker.ppo.core_algos.KL_ESTIMATORS``; a test keeps them equal)."""
@@ -394,7 +393,8 @@ class RunSpec(_Section):
 
     @property
     def has_critic(self) -> bool:
-        return self.algorithm.adv_estimator == AdvEstimator.gae.value
+        """The estimator reads a critic's values (its registry entry says so; verl's ``need_critic``)."""
+        return advantage.needs_critic(self.algorithm.adv_estimator)
 
     @property
     def actor_sp(self) -> int:
@@ -914,10 +914,11 @@ def check_spec(
                             f"no critic runs with algorithm.adv_estimator={spec.algorithm.adv_estimator} "
                             f"(only gae uses one): critic.model.override_config has no effect",
                             severity="warning"))
-    if spec.algorithm.adv_estimator == AdvEstimator.grpo.value and n < 2:
+    entry = advantage.ESTIMATORS.get(spec.algorithm.adv_estimator)
+    if entry is not None and entry.group and n < 2:
         issues.append(Issue("actor_rollout_ref.rollout.n", n,
-                            "grpo normalises rewards within a group of samples per prompt: rollout.n must be >= 2",
-                            valid=">= 2"))
+                            f"{entry.name.value} compares each sample with the other samples of its prompt: "
+                            f"rollout.n must be >= 2", valid=">= 2"))
     if spec.algorithm.use_kl_in_reward and actor.use_kl_loss:
         issues.append(Issue("actor_rollout_ref.actor.use_kl_loss", True,
                             "KL is applied twice: algorithm.use_kl_in_reward and actor.use_kl_loss are both true",
@@ -936,15 +937,14 @@ def check_spec(
 
 def engine_issues(spec: RunSpec, *, severity: Literal["error", "warning"] = "error") -> list[Issue]:
     """What verl would run and attnboard's engine does not implement: an advantage estimator other than
-    those in ``ENGINE_ADV_ESTIMATORS``, a KL estimator in use other than ``ENGINE_KL_TYPES``. A spec
+    those registered in ``worker.ppo.advantage``, a KL estimator in use other than ``ENGINE_KL_TYPES``. A spec
     holds them (import, preview and export accept them); a launch refuses them."""
     issues: list[Issue] = []
     estimator = spec.algorithm.adv_estimator
-    if estimator not in ENGINE_ADV_ESTIMATORS:
+    if estimator not in advantage.ESTIMATORS:
         issues.append(Issue("algorithm.adv_estimator", estimator,
                             f"attnboard's engine does not run adv_estimator {estimator} (verl does); it runs "
-                            f"{', '.join(sorted(ENGINE_ADV_ESTIMATORS))}", severity=severity,
-                            valid=sorted(ENGINE_ADV_ESTIMATORS)))
+                            f"{', '.join(advantage.names())}", severity=severity, valid=advantage.names()))
     for key, kind, used, why in (
         ("algorithm.kl_penalty", spec.algorithm.kl_penalty, spec.algorithm.use_kl_in_reward, "use_kl_in_reward"),
         ("actor_rollout_ref.actor.kl_loss_type", spec.actor_rollout_ref.actor.kl_loss_type,

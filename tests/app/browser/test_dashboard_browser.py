@@ -21,12 +21,12 @@ import pytest
 from sqlmodel import Session
 
 from app.services.ray_runtime import HEAD_RECORD, HeadRecord, free_port, pid_alive, stop_head
+from tests.app.browser.conftest import CHROMIUM
 from tests.app.pages_support import XSS_NAME
 from tests.app.service_support import ray_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
 
-CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[3]
 SCREENSHOTS = ROOT / "tests" / "screenshots"
 SEED_CRITIC_COMMAND = """python3 ppo_trainer.py \\
@@ -120,33 +120,6 @@ def _cancel_active(srv: Server) -> None:
             time.sleep(0.5)
     except httpx.HTTPError:
         pass  # the server is gone already: the head record below is the last resort
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM,
-                              args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser, server: Server):
-    """A fresh browser context, logged in with the module's write token."""
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    pg = context.new_page()
-    pg.dialogs = []  # type: ignore[attr-defined]
-    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))  # type: ignore[attr-defined]
-    pg.console_errors = []  # type: ignore[attr-defined]
-    pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))  # type: ignore[attr-defined]
-    pg.goto(server.base + "/login")
-    pg.fill("#token", server.token)
-    pg.press("#token", "Enter")  # the keyboard submits the form
-    pg.wait_for_url(server.base + "/")
-    yield pg
-    context.close()
 
 
 def expect(locator):

@@ -36,6 +36,13 @@ def test_form_has_a_labelled_input_for_every_spec_field(client):
         "Run", "Model", "Attention per role"]
 
 
+def test_form_says_what_each_estimator_the_engine_runs_needs(client):
+    text = " ".join(soup(client.get("/runs/new").text).get_text(" ").split())
+    assert ("The engine runs gae, gpg, grpo, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo. "
+            "gae trains a critic; grpo, rloo, reinforce_plus_plus_baseline, opo, gpg compare the samples of each "
+            "prompt (rollout.n >= 2); remax subtracts the score of a greedy rollout.") in text
+
+
 def test_form_starts_from_a_spec_that_resolves(client):
     html = client.get("/runs/new").text
     assert set(preview_rows(html)) == {"actor", "rollout", "reference", "critic"}
@@ -223,13 +230,16 @@ def test_imported_pass_through_keys_are_shown_launched_and_listed(client, sessio
 
 
 def test_a_launch_refuses_what_the_engine_does_not_run(client, write_headers):
-    spec = {"algorithm.adv_estimator": "rloo", "actor_rollout_ref.rollout.n": 2}
+    from worker.ppo.advantage import names
+
+    spec = {"algorithm.adv_estimator": "gdpo", "actor_rollout_ref.rollout.n": 2}
     resp = client.post("/api/runs", json={"spec": spec}, headers=write_headers)
     assert resp.status_code == 422
     error = resp.json()["error"]
     assert error["field"] == "spec.algorithm.adv_estimator"
-    assert "attnboard's engine does not run adv_estimator rloo (verl does); it runs gae, grpo" in error["message"]
-    saved = client.post("/api/specs", json={"name": "rloo", "spec": spec}, headers=write_headers)
+    assert (f"attnboard's engine does not run adv_estimator gdpo (verl does); it runs {', '.join(names())}"
+            in error["message"])
+    saved = client.post("/api/specs", json={"name": "gdpo", "spec": spec}, headers=write_headers)
     assert saved.status_code == 201  # a spec may hold it (preview, import and export accept it)
 
 

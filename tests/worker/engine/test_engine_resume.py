@@ -23,7 +23,8 @@ from tests.utils.checkpoints import assert_same_weights
 from tests.utils.checkpoints import full_weights as weights
 from tests.worker.engine.test_engine_runs import _finish, _processes_gone, _wait_for, of, states, tiny_spec
 from worker.engine import checkpoint, launch_controller, run_spec
-from worker.engine.controller import CANCEL_BOUND_S, run_actor_names
+from worker.engine.controller import run_actor_names
+from worker.engine.trainer import CANCEL_BOUND_S
 from worker.spec import spec_to_tree
 
 pytestmark = pytest.mark.ray
