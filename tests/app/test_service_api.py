@@ -210,3 +210,26 @@ def test_submit_to_an_unreachable_server_is_exit_4(spec_file):
     assert result.exit_code == 4, result.output
     error = json.loads(result.stdout)["error"]
     assert nowhere in error["message"] and error["field"] == "--server"
+
+
+def test_submit_preflights_on_the_target_and_refuses_what_a_launch_would_hit(server, write_headers, tmp_path):
+    """Issue 17 item 2: the seed-style script on cpu: exit 2 naming each key with the patch that adapts it;
+    nothing submitted. The typo of item 5 (a key verl lacks, without +) is refused with "did you mean"."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "fixtures" / "seed" / "seed_style_qwen.sh"
+    result = CliRunner().invoke(cli, ["submit", str(script), "--server", server, "--token", _token(write_headers),
+                                      "--env", "cpu", "--json"])
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert error["message"].startswith("preflight on cpu: 6 problems a launch would hit")
+    assert error["adapt"]["actor_rollout_ref.model.path"] == "builtin:tiny-llama"
+    assert {f["key"] for f in error["findings"]} == set(error["adapt"])
+    with httpx.Client(base_url=server, headers=write_headers) as http:
+        assert http.get("/api/runs", params={"name": "qwen_seed_style"}).json()["total"] == 0
+
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({**tiny_run_spec(), "trainer": {"total_trainig_steps": 4}}))
+    result = CliRunner().invoke(cli, ["submit", str(typo), "--server", server, "--token", _token(write_headers), "--json"])
+    assert result.exit_code == 2, result.output
+    assert "did you mean trainer.total_training_steps?" in json.loads(result.stdout)["error"]["message"]
