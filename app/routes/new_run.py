@@ -82,7 +82,7 @@ async def import_verl(request: Request, _: PageUser, roots: ModelRoots) -> Respo
         return render(request, "run_new.html",
                       {**page_context(request), **state.context(verl_text=text, import_open=True)},
                       block="form_area", status_code=422)
-    state = await run_in_threadpool(lambda: FormState(spec=result.spec, model_roots=roots))
+    state = await run_in_threadpool(lambda: FormState(spec=result.spec, model_roots=roots, launcher=get_launcher(request)))
     notes = [f"{len(result.overrides)} setting{'s' if len(result.overrides) != 1 else ''} imported", *result.warnings]
     return render(request, "run_new.html",
                   {**page_context(request), **state.context(verl_text=text, import_notes=notes, import_open=True)},
