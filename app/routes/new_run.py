@@ -58,14 +58,16 @@ async def adapt(request: Request, _: PageUser, session: SessionDep, roots: Model
         state.errors = issues_by_field(exc.issues)
         adapted = None
     if adapted is None:
-        return render(request, "run_new.html", {**page_context(request), **state.context()}, block="form_area")
+        return render(request, "run_new.html", {**page_context(request), **state.context()},
+                      block="form_area" if request.headers.get("HX-Request") == "true" else None)
     new = await run_in_threadpool(lambda: FormState(spec=adapted, model_roots=roots, probe=latest_node_probe(session),
                                                     launcher=get_launcher(request)))
     new.name, new.env_name = state.name, state.env_name
     notes = [f"{key} = {value}" for key, value in patch.items()]
+    htmx = request.headers.get("HX-Request") == "true"
     return render(request, "run_new.html",
                   {**page_context(request), **new.context(adapt_notes=notes, adapted_to=state.env_name)},
-                  block="form_area")
+                  block="form_area" if htmx else None)
 
 
 @router.post("/runs/import", dependencies=CSRF)

@@ -27,6 +27,16 @@
   document.addEventListener("htmx:afterSettle", syncLaunch);
   document.addEventListener("DOMContentLoaded", syncLaunch);
 
+  /* ---- buttons inside the preview (preflight's "Adapt to ..." and "Fall back to eager") submit on the press:
+     a click first moves the focus, a field typed into fires "change", and the preview that request swaps in
+     replaces the pressed button before its click lands, so the click would be lost. Keys still click. */
+  document.addEventListener("mousedown", function (event) {
+    var button = event.target.closest("button[data-press-submits]");
+    if (!button || event.button !== 0 || !button.form || button.disabled) return;
+    event.preventDefault();
+    button.form.requestSubmit(button);
+  });
+
   /* ---- copy to clipboard: <button data-copy="#selector"> */
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-copy]");

@@ -89,6 +89,7 @@ def test_b_a_pasted_seed_style_script_adapted_to_cpu_succeeds_at_its_first_launc
     expect(panel.locator("li[data-key='trainer.n_gpus_per_node'] .suggested code")).to_have_text("2")  # Ray has 2 CPUs
     shots(page, "journey-b-imported")
     no_sideways_scroll(page)
+    page.wait_for_load_state("networkidle")
 
     page.click("#adapt-to-target")
     page.wait_for_selector("#adapt-notes")
@@ -124,6 +125,7 @@ def test_c_strict_flash_attention_on_cpu_is_fixed_in_one_click_and_succeeds_on_e
     remedy = page.locator("#preflight .remedy")
     expect(remedy).to_contain_text("actor, rollout, reference, critic cannot run their attention here")
     expect(remedy.locator(".remedy-sentence")).to_contain_text(f"set {ACTOR_ATTN}=eager and {CRITIC_ATTN}=eager")
+    page.wait_for_load_state("networkidle")  # the preview's last swap is in (a click on a swapped-out button is lost)
     shots(page, "journey-c-blocked")
 
     page.click("#apply-remedy")
