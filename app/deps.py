@@ -30,6 +30,7 @@ from app.services.auth import (
     presents_credentials,
     require_scope,
 )
+from app.services.common import ROOTS
 from app.services.launcher import Launcher
 from app.services.reads import Reader
 
@@ -45,6 +46,7 @@ def open_session(request: Request) -> Session:
 
 def get_session(request: Request) -> Iterator[Session]:
     with open_session(request) as session:
+        session.info[ROOTS] = request.app.state.settings.roots  # each run made in this request checks its paths
         yield session
 
 
@@ -128,6 +130,11 @@ async def require_read(request: Request) -> Principal:
 
 async def require_write(request: Request) -> Principal:
     return require_scope(await get_principal(request), "write")
+
+
+async def require_admin(request: Request) -> Principal:
+    """Minting, listing and revoking tokens: the admin scope (a write token cannot mint itself more)."""
+    return require_scope(await get_principal(request), "admin")
 
 
 async def require_token(request: Request) -> Principal:

@@ -22,7 +22,7 @@ from app import auth_browser
 from app.core.config import Settings, database_identity, get_settings
 from app.db import make_engine, run_migrations
 from app.errors import ERROR_RESPONSES, install_error_handlers
-from app.middleware import BodySizeLimit
+from app.middleware import BodySizeLimit, DocsReadRule, LoginThrottle, NoNulInQuery, TrustedHosts, default_allowed_hosts
 from app.models import Run
 from app.models_troubleshooting import Trial
 from app.routes import (
@@ -36,6 +36,7 @@ from app.routes import (
     runs_list,
     specs,
     tokens,
+    tokens_page,
     tools,
     trials,
     troubleshooting,
@@ -43,6 +44,7 @@ from app.routes import (
 from app.services import trials as trials_service
 from app.services.auth import bearer_authenticator
 from app.services.feeds import RunFeeds
+from app.services.interop import import_calls
 from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
 from app.services.ray_launcher import ACTIVE, TRIAL_ACTIVE, RayLauncher
@@ -54,7 +56,7 @@ log = logging.getLogger("attnboard")
 
 API_ROUTERS = (docs.router, health.router, specs.router, runs.router, tools.router, tokens.router)
 # The dashboard, one module per page; /runs/new before /runs/{run_id}.
-PAGE_ROUTERS = (new_run.router, live_run.router, runs_list.router, login.router, compare.router)
+PAGE_ROUTERS = (new_run.router, live_run.router, runs_list.router, login.router, compare.router, tokens_page.router)
 
 
 def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None, migrate: bool = True,
@@ -74,9 +76,12 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         # On the main thread (blocking start-up and shutdown is fine): Ray's driver wants its signal handlers
         # there and aborts the process when it is shut down from another thread.
         supervisor = _start_ray(app, settings) if ray else None
+        if ray:
+            app.state.imports.warm(app.state.imports.max_children)  # the served app's imports find children ready
         yield
         if supervisor is not None:
             _stop_ray(app, supervisor)
+        app.state.imports.close()
         app.state.engine.dispose()
 
     app = FastAPI(
@@ -92,11 +97,16 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.engine = make_engine(settings.DATABASE_URL)
     app.state.launcher = launcher
     app.state.run_changes = RunChanges()
+    app.state.imports = import_calls(settings.IMPORT_TIMEOUT_S)  # scripts are read in child processes
     app.state.run_feeds = RunFeeds(app.state.engine, app.state.run_changes)
     # Tried in order for every request; the dashboard appends its session-cookie authenticator.
     app.state.authenticators = [bearer_authenticator]
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.MAX_BODY_BYTES)
+    app.add_middleware(NoNulInQuery)
+    app.add_middleware(LoginThrottle)
+    app.add_middleware(DocsReadRule)
+    app.add_middleware(TrustedHosts, allowed=settings.ALLOWED_HOSTS or default_allowed_hosts())  # runs first
     install_error_handlers(app)
     for router in API_ROUTERS:
         app.include_router(router)

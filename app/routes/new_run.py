@@ -12,8 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from app.deps import CSRF, ModelRoots, PageUser, SessionDep, get_launcher, require_page_write
 from app.errors import AppError
 from app.models import RunCreate
+from app.routes.login import sign_in_keeping
 from app.services import interop
 from app.services import runs as runs_service
+from app.services.auth import Principal
 from app.services.probes import latest_node_probe
 from app.views.new_run import FormState, multi, starting_spec
 from app.views.run_form import issues_by_field
@@ -31,24 +33,41 @@ async def _form_state(request: Request, form: dict[str, list[str]], roots: list[
                                                      launcher=get_launcher(request)))
 
 
+RESTORE = "restore"
+"""``GET /runs/new?restore=1&<the form's fields>``: the form as it was when a logged-out Launch asked to sign in."""
+
+
 @router.get("/runs/new")
 def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
-    state = FormState(spec=starting_spec(), model_roots=roots, probe=latest_node_probe(session),
-                      launcher=get_launcher(request))
+    if RESTORE in request.query_params:  # back from the sign-in a logged-out Launch asked for: the same form
+        fields = {k: v for k, v in multi(request.query_params).items() if k != RESTORE}
+        state = FormState(fields, model_roots=roots, probe=latest_node_probe(session), launcher=get_launcher(request))
+    else:
+        state = FormState(spec=starting_spec(), model_roots=roots, probe=latest_node_probe(session),
+                          launcher=get_launcher(request))
     return render(request, "run_new.html", {**page_context(request), **state.context()})
 
 
+def _signed_out(principal: Principal) -> bool:
+    """Pages that parse what a user typed (preview, import, launch) need a signed-in user (issue 18)."""
+    return principal.kind == "anonymous"
+
+
 @router.post("/runs/preview", dependencies=CSRF)
-async def preview(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+async def preview(request: Request, principal: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+    if _signed_out(principal):
+        return render(request, "_sign_in_preview.html", page_context(request))
     state = await _form_state(request, multi(await request.form()), roots, session)
     return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview")
 
 
 @router.post("/runs/adapt", dependencies=CSRF)
-async def adapt(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+async def adapt(request: Request, principal: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
     """"Adapt to this target" (``apply=all``: every suggested value of the preflight) or the attention remedy
     alone (``apply=remedy``), in one click: the form again, filled with the adapted spec, saying what changed."""
     form = multi(await request.form())
+    if _signed_out(principal):  # sign in, then back to this very form, filled
+        return sign_in_keeping(request, {k: v for k, v in form.items() if k != "apply"})
     only_remedy = (form.get("apply") or ["all"])[-1] == "remedy"
     state = await _form_state(request, form, roots, session)
     patch = state.adaptation(only_remedy=only_remedy)
@@ -71,11 +90,14 @@ async def adapt(request: Request, _: PageUser, session: SessionDep, roots: Model
 
 
 @router.post("/runs/import", dependencies=CSRF)
-async def import_verl(request: Request, _: PageUser, roots: ModelRoots) -> Response:
+async def import_verl(request: Request, principal: PageUser, roots: ModelRoots) -> Response:
     form = multi(await request.form())
     text = (form.get("verl_text") or [""])[-1]
-    try:  # the API's import (POST /api/import): its size and YAML guards, its errors
-        _, result = await run_in_threadpool(lambda: interop.import_spec(text=text))
+    try:  # the API's import (POST /api/import): its guards, its errors, its child process and wall clock
+        if _signed_out(principal):
+            raise AppError(401, "sign_in_required", "text: sign in to import a script (Log in, top right); the text "
+                           "is kept here", field="text", valid="a signed-in user")
+        _, result = await run_in_threadpool(interop.import_spec_isolated, request.app.state.imports, text=text)
     except AppError as exc:
         state = FormState(spec=starting_spec(), model_roots=roots)
         issues = exc.issues or [{"field": exc.field, "message": exc.message.removeprefix(f"{exc.field}: ")}]
@@ -83,7 +105,7 @@ async def import_verl(request: Request, _: PageUser, roots: ModelRoots) -> Respo
                                      for i in issues]}
         return render(request, "run_new.html",
                       {**page_context(request), **state.context(verl_text=text, import_open=True)},
-                      block="form_area", status_code=422)
+                      block="form_area", status_code=401 if exc.status == 401 else 422)
     state = await run_in_threadpool(lambda: FormState(spec=result.spec, model_roots=roots, launcher=get_launcher(request)))
     notes = [f"{len(result.overrides)} setting{'s' if len(result.overrides) != 1 else ''} imported", *result.warnings]
     return render(request, "run_new.html",
@@ -115,8 +137,11 @@ def export_form_yaml(request: Request, _: PageUser, session: SessionDep, roots: 
 
 @router.post("/runs", dependencies=CSRF)
 async def launch(request: Request, principal: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+    form = multi(await request.form())
+    if _signed_out(principal):  # sign in, then back to this very form, filled (nothing lost)
+        return sign_in_keeping(request, form)
     require_page_write(principal)
-    state = await _form_state(request, multi(await request.form()), roots, session)
+    state = await _form_state(request, form, roots, session)
     if state.spec is None or state.errors or state.launch_blocked:  # blocked: roles cannot run (the remedy is shown)
         return render(request, "run_new.html", {**page_context(request), **state.context()}, status_code=422)
     data = RunCreate(name=state.name or state.spec.trainer.experiment_name or None,

@@ -9,18 +9,21 @@ through ``import_spec`` (``POST /api/import`` and the new-run form's import), un
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from app.errors import AppError
+from app.services.isolation import IsolatedCalls
 from worker.attention.preview import preview
 from worker.core.environment import PROFILES, Environment, InvalidEnvironment, UnknownProfileError, environment_from
 from worker.interop import verl
 from worker.interop.specfile import detect_format
 from worker.interop.verl import MAX_INPUT_BYTES, MAX_YAML_NODES
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec, spec_to_tree
+from worker.spec.confine import Roots, path_issues
 
 ImportFormat = Literal["cli", "yaml", "auto"]
 ExportFormat = Literal["cli", "yaml"]
@@ -47,17 +50,19 @@ def environment_of(value: str | dict[str, Any], *, field: str = "environment") -
 
 
 def resolve_preview(*, spec: dict[str, Any], environment: str | dict[str, Any],
-                    model_roots: list[Path] | None = None) -> dict[str, Any]:
+                    model_roots: list[Path] | None = None, roots: Roots | None = None) -> dict[str, Any]:
     """Per-role resolution of ``spec`` on ``environment`` plus every issue a launch would refuse
     (``worker.attention.preview.preview``, the function ``attnboard resolve`` runs): the model's head counts are
-    read from its config.json when it lies in ``model_roots``."""
+    read from its config.json when it lies in ``model_roots``; paths outside ``roots`` (the app's
+    ``Settings.roots``) are issues, as ``POST /api/runs`` refuses them."""
     env = environment_of(environment)
     try:
         run_spec = parse_spec(spec)
     except SpecError as exc:
         raise AppError.from_spec_error(exc) from None
     result = preview(run_spec, env, model_roots=list(model_roots or []))
-    return {"resolution": result.resolution.to_dict(), "issues": issue_dicts(result.issues),
+    confined = path_issues(run_spec, roots or Roots(models=tuple(model_roots or ())))
+    return {"resolution": result.resolution.to_dict(), "issues": issue_dicts(confined + result.issues),
             PASSTHROUGH: run_spec.verl_passthrough, "passthrough_note": PASSTHROUGH_NOTE}
 
 
@@ -127,6 +132,12 @@ def import_spec(*, text: str, format: ImportFormat = "auto") -> tuple[str, verl.
         check_yaml_safety(text)
     try:
         return fmt, verl.import_yaml(text) if fmt == "yaml" else verl.import_command(text)
+    except yaml.MarkedYAMLError as exc:  # a tag no safe loader constructs (!foo, !!python/object/apply:...)
+        raise AppError(422, "invalid_yaml", f"text: YAML at {_yaml_position(exc.problem_mark)} cannot be read: "
+                       f"{exc.problem}", field="text", value=_line_at(text, exc.problem_mark),
+                       valid="plain YAML (mappings, lists, strings, numbers, booleans; no tags)") from None
+    except yaml.YAMLError as exc:
+        raise AppError(422, "invalid_yaml", f"text: invalid YAML: {exc}", field="text", valid=IMPORT_VALID) from None
     except verl.VerlImportError as exc:
         spec_issues = [_plain(i) for i in exc.issues]
         field = spec_issues[0]["field"] if spec_issues and isinstance(spec_issues[0], dict) else "text"
@@ -150,6 +161,34 @@ def import_text(*, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
     return {"format": fmt, "spec": tree, "warnings": _plain(result.warnings),
             "overrides": _plain(getattr(result, "overrides", None)),
             PASSTHROUGH: _plain(spec.verl_passthrough), "passthrough_note": PASSTHROUGH_NOTE}
+
+
+IMPORT_TIMEOUT_CODE = "import_timeout"
+
+
+def import_timeout_error(timeout_s: float) -> Callable[[float], AppError]:
+    """The 422 an import that overran ``ATTNBOARD_IMPORT_TIMEOUT_S`` answers (it ran in a child, now killed)."""
+    def error(elapsed: float) -> AppError:
+        return AppError(422, IMPORT_TIMEOUT_CODE, f"text: reading the script took more than {timeout_s:g} s and was "
+                        f"stopped (a pattern or loop that does not finish?); simplify the script or paste the "
+                        f"verl command line alone", field="text", value=f"stopped after {elapsed:.1f} s",
+                        valid=f"a script read within ATTNBOARD_IMPORT_TIMEOUT_S={timeout_s:g} s")
+    return error
+
+
+def import_isolated(calls: IsolatedCalls, *, text: str, format: ImportFormat = "auto") -> dict[str, Any]:
+    """``import_text`` in a child process with the app's wall clock (``app.services.isolation``)."""
+    return calls.call(__name__, "import_text", text=text, format=format)
+
+
+def import_spec_isolated(calls: IsolatedCalls, *, text: str, format: ImportFormat = "auto") -> tuple[str, verl.ImportResult]:
+    """``import_spec`` in a child process with the app's wall clock: what the form's import box runs."""
+    return calls.call(__name__, "import_spec", text=text, format=format)
+
+
+def import_calls(timeout_s: float) -> IsolatedCalls:
+    """The app's pool of import children (made by the app factory, closed at shutdown)."""
+    return IsolatedCalls(timeout_s=timeout_s, preload=(__name__,), on_timeout=import_timeout_error(timeout_s))
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from sqlmodel import Session, col, select
 from app.errors import AppError, not_found
 from app.models import utcnow
 from app.models_troubleshooting import TRIAL_TERMINAL, Trial, TrialCreate, TrialStatus
-from app.services.common import max_restarts_of, validated_spec
+from app.services.common import check_paths, max_restarts_of, validated_spec
 from app.services.troubleshooting import parse_environment
 from worker.core.implementations import VALID_DESCRIPTION, is_valid_name
 
@@ -46,7 +46,8 @@ RELAUNCH_PATIENCE_S = 60.0
 
 def create_trial(session: Session, *, data: TrialCreate, author: str) -> Trial:
     """Validate the spec, the implementations and the environment; store the trial as queued."""
-    _, tree, _ = validated_spec(data.spec)
+    spec, tree, _ = validated_spec(data.spec)
+    check_paths(session, spec)  # a trial loads the spec's model and data like a run: the same folders
     for i, impl in enumerate(data.implementations):
         if not isinstance(impl, str) or not is_valid_name(impl):
             raise AppError(422, "invalid_request", f"implementations[{i}]: {impl!r} is not an attention "

@@ -66,9 +66,11 @@ GROUPS: tuple[Group, ...] = (
           "verl's default: bf16 forward/backward over fp32 master weights. FlashAttention needs bf16 or fp16 compute.",
           ("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.model_dtype",
            "actor_rollout_ref.ref", "actor_rollout_ref.rollout.dtype", "critic.fsdp")),
-    Group("strategy", "Strategy and sequence parallelism",
-          "fsdp_turbo with Ulysses > 1 forces eager attention; plain fsdp/fsdp2 Ulysses needs use_remove_padding.",
-          ("actor_rollout_ref.actor.strategy", "critic.strategy", "actor_rollout_ref.actor.fsdp_config",
+    Group("strategy", "Engine, strategy and sequence parallelism",
+          "verl's model_engine decides which key chooses attention (dp: override_config; veomni, torchtitan, megatron, "
+          "automodel: their own, kept in the pass-through keys); attnboard's engine runs dp semantics. fsdp_turbo with "
+          "Ulysses > 1 forces eager attention; plain fsdp/fsdp2 Ulysses needs use_remove_padding.",
+          ("model_engine", "actor_rollout_ref.actor.strategy", "critic.strategy", "actor_rollout_ref.actor.fsdp_config",
            "critic.ulysses_sequence_parallel_size", "actor_rollout_ref.model", "critic.model")),
     Group("algorithm", "Algorithm", estimators_help(), ("algorithm",)),
     Group("actor", "Actor and critic optimisation", "verl 0.9.1 defaults.", ("actor_rollout_ref.actor", "critic")),

@@ -32,6 +32,15 @@ def make_run(client, headers, name: str = "run", **spec_overrides: Any) -> dict[
     return resp.json()
 
 
+def engine_headers(client, run_id: int) -> dict[str, str]:
+    """The headers the engine posts run ``run_id``'s events with (its ingest credential); user tokens cannot.
+    ``client`` is a TestClient or the app itself."""
+    from app.services.events import INGEST_HEADER, ingest_credential
+
+    app = getattr(client, "app", client)
+    return {INGEST_HEADER: ingest_credential(app.state.settings.SECRET_KEY, run_id)}
+
+
 def status_event(seq: int, status: str, reason: str | None = None) -> dict[str, Any]:
     payload: dict[str, Any] = {"status": status}
     if reason is not None:
@@ -85,5 +94,5 @@ def sp4_spec(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
             "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
             "algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 2,
             "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
-            "trainer.n_gpus_per_node": 8}
+            "trainer.n_gpus_per_node": 8, "data.train_files": "builtin:count"}
     return model, spec

@@ -48,6 +48,9 @@ def test_form_api_and_cli_preview_a_spec_alike(tmp_path, make_client, session, e
 
     model, asked = sp4_spec(tmp_path)
     client = make_client(MODEL_ROOTS=[model.parent])
+    from tests.app.pages_support import login
+
+    login(client, session, ["read"])  # the form's preview parses what was typed: a signed-in user
     page = client.get("/runs/new").text
     data = form_data(page) | {key: str(value) for key, value in asked.items()} | {"env": env}
     spec = form_to_spec_data({key: [value] for key, value in data.items()})

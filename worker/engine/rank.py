@@ -26,7 +26,7 @@ from worker.attention.availability import Context, Unavailable, unavailable
 from worker.core.environment import Environment
 from worker.engine import compute, models, ulysses
 from worker.engine.dispatch import Dispatch, Mesh, register
-from worker.engine.observe import observe_attention
+from worker.engine.observe import kernel_source, observe_attention
 from worker.troubleshoot.classify import EnvFacts, ErrorInfo, classify
 
 ROLES_LOADED = ("actor", "reference", "critic")
@@ -341,6 +341,7 @@ class RankWorker:
             report = {
                 "role": p.role, "rank": self.rank, "requested": p.requested, "effective": impl,
                 "config_attn_implementation": module.config._attn_implementation,
+                "kernel_source": kernel_source(impl, module.config._attn_implementation, str(self.device)),
                 **seen, "compute_dtype": p.compute_dtype, "weights_dtype": p.weights_dtype,
                 "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
                 "attempts": attempts, "strategy": p.strategy, "sp": p.sp,

@@ -265,3 +265,23 @@ def test_runs_list_and_compare_after_the_runs(page, server):
     expect(page.locator("#chart-reward-compare")).to_have_attribute("data-points", str(STEPS))
     shot(page, "compare")
     assert page.dialogs == [] and page.console_errors == []
+
+
+def test_a_logged_out_launch_keeps_the_form_across_the_sign_in(browser, server):
+    """Issue 17 item 1, in Chromium: a newcomer fills the form logged out, presses Launch, signs in on the page
+    that asks, and is back on the same form as filled (the preview answered "sign in" meanwhile)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    pg = context.new_page()
+    pg.goto(server.base + "/runs/new")
+    pg.fill("#f-name", "kept across the login")
+    pg.select_option(f"select[name='{ACTOR_ATTN}']", "eager")
+    expect(pg.locator("#preview")).to_contain_text("Sign in to see")
+    pg.click("#run-form button.primary")
+    pg.wait_for_selector("#token")
+    pg.fill("#token", server.token)
+    pg.press("#token", "Enter")
+    pg.wait_for_url(re.compile(r".*/runs/new\?restore=1&.*"))
+    assert pg.input_value("#f-name") == "kept across the login"
+    assert pg.input_value(f"select[name='{ACTOR_ATTN}']") == "eager"
+    expect(pg.locator("#preview tr[data-role='actor'] td.effective")).to_have_text("eager")
+    context.close()

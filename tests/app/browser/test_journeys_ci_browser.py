@@ -42,12 +42,14 @@ ROLES = ("actor", "rollout", "reference", "critic")
 
 
 def shots(page, name: str) -> None:
-    """The page at 1400 and 390 px wide, whole (the viewport is put back afterwards)."""
+    """The page at 1400 and 390 px wide, whole, and its preview alone (the viewport is put back afterwards)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size
     for width in (1400, 390):
         page.set_viewport_size({"width": width, "height": 900})
         page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
+        if page.locator("#preflight").count():
+            page.locator("#preview").screenshot(path=str(SCREENSHOTS / f"{name}-{width}-preview.png"))
     page.set_viewport_size(size)
 
 

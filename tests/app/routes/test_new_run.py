@@ -25,6 +25,13 @@ SEED_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "seed"
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+@pytest.fixture(autouse=True)
+def signed_in(client, session):
+    """The form's preview, import and launch parse what a user typed: they need a signed-in user (issue 18;
+    anonymous, see ``tests/app/routes/test_login.py``)."""
+    login(client, session, ["read", "write"])
+
+
 def test_form_has_a_labelled_input_for_every_spec_field(client):
     page = soup(client.get("/runs/new").text)
     for f in FIELDS:
@@ -54,8 +61,10 @@ def test_preview_shows_what_verls_rollout_engine_runs_apart(client):
     rollout = rows["rollout"].select_one("td.under-verl")
     assert rollout.select_one("code").get_text(strip=True).startswith("vllm:")  # verl's default rollout engine
     assert "override_config does not reach it" in rollout.get_text(" ", strip=True)
-    for role in ("actor", "reference", "critic"):
-        assert rows[role].select_one("td.under-verl code") is None
+    for role in ("actor", "reference", "critic"):  # what verl's training engine (model_engine=dp) reads for the role
+        engine = rows[role].select_one("td.under-verl .verl-engine")
+        assert engine["data-engine"] == "dp" and engine.select_one(".verl-effective") is not None
+        assert engine.select_one("code.verl-key").get_text(strip=True).endswith(".override_config.attn_implementation")
     assert [th.get_text(strip=True) for th in page.select("#preview table.resolution thead th")][6] == "under verl"
 
 
@@ -314,3 +323,36 @@ def test_an_imported_seed_style_script_is_adapted_to_the_target_in_one_click(cli
     values = form_data(adapted.text)
     assert values["data.train_files"] == "builtin:count" and values["trainer.device"] == "cpu"
     assert len(form.select("#adapt-notes li")) == 6
+
+
+VEOMNI_SCRIPT = """python3 -m verl.trainer.main_ppo model_engine=veomni algorithm.adv_estimator=gae \\
+    actor_rollout_ref.model.path=builtin:tiny-qwen2 critic.model.path=builtin:tiny-qwen2 \\
+    actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2 critic.veomni.attn_implementation=sdpa \\
+    +actor_rollout_ref.model.override_config.attn_implementation=eager \\
+    +critic.model.override_config.attn_implementation=eager \\
+    trainer.device=cpu trainer.n_gpus_per_node=1 trainer.total_training_steps=1 data.train_batch_size=4 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 data.train_files=builtin:count
+"""
+
+
+def test_a_veomni_script_shows_its_engine_on_the_form_the_preview_and_the_run_page(client, session):
+    csrf = login(client, session, ["read", "write"])
+    resp = client.post("/runs/import", data={"verl_text": VEOMNI_SCRIPT, "csrf_token": csrf},
+                       headers={"HX-Request": "true"})
+    assert resp.status_code == 200, resp.text
+    form = soup(resp.text)
+    assert form.select_one("select[name='model_engine'] option[selected]")["value"] == "veomni"
+    data = form_data(resp.text) | {"name": "veomni", "csrf_token": csrf}
+    preview = soup(client.post("/runs/preview", data=data, headers={"HX-Request": "true"}).text)
+    rows = {tr["data-role"]: tr for tr in preview.select("#preview table.resolution tbody tr")}
+    actor = rows["actor"].select_one("td.under-verl .verl-engine")
+    assert actor["data-engine"] == "veomni"
+    assert actor.select_one("code.verl-key").get_text(strip=True) == "actor_rollout_ref.actor.veomni.attn_implementation"
+    assert "verl-engine-rewrite" in [li["data-rule"] for li in actor.select("li")]
+    critic = rows["critic"].select_one("td.under-verl .verl-engine")
+    assert critic.select_one("code.verl-key").get_text(strip=True) == "critic.veomni.attn_implementation"
+    assert "attnboard-runs-dp" in [li["data-rule"] for li in critic.select("li")]
+    launched = client.post("/runs", data=data, follow_redirects=False)
+    assert launched.status_code == 303, launched.text
+    page = soup(client.get(launched.headers["location"]).text)
+    assert page.select_one("p.model-engine")["data-engine"] == "veomni"

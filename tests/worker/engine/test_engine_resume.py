@@ -252,7 +252,12 @@ def test_a_cancel_to_a_stuck_controller_ends_within_the_bound_kills_the_ranks_an
     pids = next(p["pids"] for p in of(events, "log") if "pids" in p)
     events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" and e["payload"]["step"] == 2 for e in ev),
                        timeout=60)
-    time.sleep(1.0)  # the step-2 save is written; the pruning scan now waits on the FIFO
+    # the step-2 save is committed (renamed to its final name); the controller makes no call to its ranks
+    # between that rename and the pruning scan, which now waits on the FIFO
+    deadline = time.monotonic() + 60
+    while not (folder / "global_step_2").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
     started = time.monotonic()
     answer = ray.get(controller.cancel("test cancel"), timeout=CANCEL_BOUND_S + 10)
     took = time.monotonic() - started

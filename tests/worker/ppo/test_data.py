@@ -88,8 +88,9 @@ def test_a_chat_template_is_used_when_the_tokenizer_has_one(tmp_path):
 
 
 def test_too_long_prompt_is_refused_or_truncated(tok):
+    # the row and its length, never its text: a data file's content stays out of errors (issue 18)
     with pytest.raises(data.DataError, match=r"builtin:count row 0: the prompt is 14 tokens, longer than "
-                                             r"data.max_prompt_length \(10\): 'count from \d\\n'"):
+                                             r"data.max_prompt_length \(10\); raise"):
         data.load_prompts("builtin:count", tok, 10, seed=0)
     left = data.load_prompts("builtin:count", tok, 4, seed=0, truncation="left")
     right = data.load_prompts("builtin:count", tok, 4, seed=0, truncation="right")
