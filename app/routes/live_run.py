@@ -19,10 +19,11 @@ from app.services import checkpoints as checkpoints_service
 from app.services import events as events_service
 from app.services import runs as runs_service
 from app.services.feeds import RunFeed
-from app.views.live_run import checkpoint_context, eager_roles, load_view, passthrough_of, trimmed
+from app.views.live_run import checkpoint_context, eager_remedy_of, eager_roles, load_view, passthrough_of, trimmed
 from app.views.run_view import CHARTS, RunView, apply_event, fold, format_eta
 from app.web import page_context, redirect, render, templates
 from worker.spec import PASSTHROUGH_NOTE
+from worker.troubleshoot.classify import eager_remedy
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -30,7 +31,7 @@ router = APIRouter(tags=["pages"], include_in_schema=False)
 def _run_context(request: Request, session: Session, run: Run) -> dict[str, Any]:
     view = load_view(session, run)
     return {**page_context(request), "run": run, "view": view, "charts": CHARTS, "eta": format_eta(view.eta_seconds),
-            "eager_roles": eager_roles(run, view), "passthrough": passthrough_of(run),
+            "eager_remedy": eager_remedy_of(eager_roles(run, view)), "passthrough": passthrough_of(run),
             "passthrough_note": PASSTHROUGH_NOTE, **_checkpoints(request, run, view)}
 
 
@@ -95,7 +96,7 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
 
         def context(**extra: Any) -> dict[str, Any]:
             return {**base, "view": view, "eta": format_eta(view.eta_seconds), "entry": None,
-                    "eager_roles": eager_roles(run, view), "resume_from": None, **extra}
+                    "eager_remedy": eager_remedy_of(eager_roles(run, view)), "resume_from": None, **extra}
 
         def shared(event: str, block: str, seq: int | None = None, **extra: Any) -> str:
             return feed.rendered(ev.seq, event, lambda: _sse(event, _block(request, block, context(**extra)), seq))
@@ -151,15 +152,17 @@ def cancel(request: Request, run_id: int, principal: PageUser, session: SessionD
 
 @router.post("/runs/{run_id}/retry", dependencies=CSRF)
 async def retry(request: Request, run_id: int, principal: PageUser, session: SessionDep) -> Response:
-    """Retry as it was, or with eager on one role (``eager_on=critic|actor``): the seed's first remedy."""
+    """Retry as it was, or with eager on the roles named (``eager_on=critic``, ``eager_on=actor``, repeatable): the
+    guide's second step, one patch over every setting they use (``eager_remedy``), so one retry recovers them."""
     require_page_write(principal)
     form = await request.form()
-    role = str(form.get("eager_on") or "")
-    sections = {"critic": "critic", "actor": "actor_rollout_ref"}
-    if role and role not in sections:
-        raise AppError(422, "invalid_request", f"eager_on {role!r} is not a role with its own attention setting",
-                       field="eager_on", value=role, valid=list(sections))
-    patch = {f"{sections[role]}.model.override_config.attn_implementation": "eager"} if role else {}
+    roles = [str(r) for r in form.getlist("eager_on") if r]
+    settings = ("actor", "critic")
+    for role in roles:
+        if role not in settings:
+            raise AppError(422, "invalid_request", f"eager_on {role!r} is not a role with its own attention setting",
+                           field="eager_on", value=role, valid=list(settings))
+    patch = eager_remedy(roles).patch if roles else {}
     new = await run_in_threadpool(runs_service.retry_run, session, run_id=run_id, patch=patch,
                                   launcher=get_launcher(request))
     return redirect(f"/runs/{new.id}")

@@ -104,3 +104,27 @@ def test_stream_resumes_after_last_event_id_without_repeats(client, session, res
     assert ids == list(range(resume + 1, len(events) + 1))
     assert messages[-1]["event"] == "end"
 
+
+
+def test_one_retry_with_eager_patches_every_failing_setting_with_the_remedys_words(client, session):
+    """Issue 17 item 3: the button, its sentence and the patch come from one rule (classify.eager_remedy, the one
+    the preview's preflight applies); a retry naming the actor and the critic sets eager on both, so one retry
+    recovers every role that failed the same way."""
+    login(client, session, ["read", "write"])
+    run_id = stored_run(session, name="strict", events=engine_events("critic_strict"))
+    html = client.get(f"/runs/{run_id}").text
+    page = soup(html)
+    forms = page.select("#actions form.eager-remedy")
+    assert len(forms) == 1
+    assert [i["value"] for i in forms[0].select("input[name='eager_on']")] == ["critic"]
+    sentence = page.select_one("#actions .remedy-sentence").get_text()
+    assert sentence.startswith("Fall back to eager on the critic") and \
+        "critic.model.override_config.attn_implementation=eager" in sentence
+    resp = client.post(f"/runs/{run_id}/retry", data={"eager_on": ["actor", "critic"], "csrf_token": csrf_of(html)},
+                       follow_redirects=False)
+    assert resp.status_code == 303, resp.text
+    spec = client.get(f"/api/runs/{int(resp.headers['location'].rsplit('/', 1)[1])}").json()["spec"]
+    assert spec["actor_rollout_ref"]["model"]["override_config"]["attn_implementation"] == "eager"
+    assert spec["critic"]["model"]["override_config"]["attn_implementation"] == "eager"
+    bad = client.post(f"/runs/{run_id}/retry", data={"eager_on": "rollout", "csrf_token": csrf_of(html)})
+    assert bad.status_code == 422 and "eager_on 'rollout' is not a role with its own attention setting" in bad.text
