@@ -45,6 +45,16 @@ def run_page(request: Request, run_id: int, _: PageUser, session: SessionDep) ->
     return render(request, "run.html", _run_context(request, session, run), block="status")
 
 
+@router.get("/runs/{run_id}/waiting")
+def waiting(request: Request, run_id: int, _: PageUser, session: SessionDep) -> Response:
+    """What a queued run waits for (the scheduler's ``status_reason``, which no event carries), polled by its
+    page; once the run has left the queue, nothing and htmx's "stop polling" status (286)."""
+    run = runs_service.get_run(session, run_id=run_id)
+    if run.status != "queued":
+        return Response(status_code=286)
+    return render(request, "run.html", _run_context(request, session, run), block="waiting")
+
+
 STREAM_BLOCKS = {"status": "status", "attention": "attention", "env_probe": "probe", "fallback": "trouble_row",
                  "error": "trouble_row", "attention_mismatch": "trouble_row", "log": "log_row",
                  "restart": "trouble_row"}
