@@ -124,8 +124,8 @@ def preflight(spec: RunSpec, environment: Environment, *, issues: list[Issue], r
                  for i in issues if i.severity == "error"]
     device = spec.trainer.device.value if hasattr(spec.trainer.device, "value") else str(spec.trainer.device)
     if device != environment.device:
-        findings.append(Finding(DEVICE_KEY, device, f"the target {environment.name} is a {environment.device} node: "
-                                f"ranks on {device} cannot start there", environment.device, kind="device"))
+        findings.append(Finding(DEVICE_KEY, device, f"ranks on {device} cannot start on the target {environment.name}, "
+                                f"a {environment.device.upper()} node", environment.device, kind="device"))
     findings += resource_findings(spec, environment.device, facts.cluster_total)
     findings += _models(spec, facts)
     findings += _data(spec, facts)
