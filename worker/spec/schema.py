@@ -593,6 +593,10 @@ def _more_unknown(field: str, count: int) -> Issue:
 MAX_PASSTHROUGH_KEYS = 2000
 MAX_PASSTHROUGH_DEPTH = 16
 _HYDRA_DICT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HYDRA_WRITABLE_KEY = re.compile(r"^[A-Za-z0-9_/+.%*@?|(){}\[\]:=,-]+$")
+"""A dict key Hydra's override grammar reads (``()[]{}:=,`` written escaped): FSDP-Turbo plans key modules
+by path patterns such as ``model.visual.blocks.{*}``. A dict whose keys are all names is spread into dotted
+keys; one with other keys is kept whole, one value."""
 
 
 def _passthrough_value_problem(value: Any, depth: int = 0) -> str | None:
@@ -615,8 +619,8 @@ def _passthrough_value_problem(value: Any, depth: int = 0) -> str | None:
         return next((p for p in (_passthrough_value_problem(v, depth + 1) for v in value) if p), None)
     if isinstance(value, dict):
         for k, v in value.items():
-            if not isinstance(k, str) or not _HYDRA_DICT_KEY.match(k):
-                return f"dict key {k!r} is not a name Hydra can write ({_HYDRA_DICT_KEY.pattern})"
+            if not isinstance(k, str) or not HYDRA_WRITABLE_KEY.match(k):
+                return f"dict key {k!r} is not a key Hydra can write ({HYDRA_WRITABLE_KEY.pattern})"
             problem = _passthrough_value_problem(v, depth + 1)
             if problem:
                 return problem
@@ -654,7 +658,8 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
             lifted[SPEC_NAMES.get(key, key)] = value
             return
         nested = kind in ("section", "verl", "unknown", "hydra") and depth < MAX_PASSTHROUGH_DEPTH
-        if isinstance(value, dict) and value and nested:
+        names_only = isinstance(value, dict) and all(not isinstance(s, str) or _HYDRA_DICT_KEY.match(s) for s in value)
+        if isinstance(value, dict) and value and nested and names_only:
             for sub, sub_value in value.items():
                 if not isinstance(sub, str) or not _HYDRA_DICT_KEY.match(sub):
                     issues.append(Issue(f"{where}.{sub}", sub_value, f"{sub!r} is not a key name"))
