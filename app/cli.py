@@ -21,6 +21,7 @@ from rich.text import Text
 
 from worker.attention.preview import preview
 from worker.attention.resolution import Resolution
+from worker.core.attention_payload import SUMMARY_FIELDS, cell
 from worker.core.environment import PROFILES, Environment, UnknownProfileError, environment_from
 from worker.interop.specfile import load_spec_file
 from worker.interop.verl import VerlImportError, export_command, export_yaml
@@ -235,7 +236,8 @@ SUBMIT_EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CA
 WAIT_CHUNK_S = 300.0
 
 
-SUBMIT_COLUMNS = ("role", "requested", "effective", "observed", "status", "error")
+SUBMIT_COLUMNS = (*SUMMARY_FIELDS, "error")
+"""The columns of ``attnboard submit``'s table: a role's summary fields and, for a role that never loaded, why."""
 
 
 def _print_outcome(run: dict[str, Any], attention: list[dict[str, Any]], base: str) -> None:
@@ -245,9 +247,9 @@ def _print_outcome(run: dict[str, Any], attention: list[dict[str, Any]], base: s
     if attention:
         table = Table(title="effective attention per role", title_justify="left")
         for column in SUBMIT_COLUMNS:
-            table.add_column(column, no_wrap=column != "error")
+            table.add_column(column.replace("_", " "), no_wrap=column != "error")
         for row in attention:
-            table.add_row(*(str(row.get(c)) if row.get(c) is not None else "-" for c in SUBMIT_COLUMNS))
+            table.add_row(*(cell(row, c) for c in SUBMIT_COLUMNS))
         out.print(table)
 
 

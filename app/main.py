@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.imports.open()  # closed by a previous shutdown of this app, if any
         if migrate:
             run_migrations(settings.DATABASE_URL)
         with Session(app.state.engine) as session:

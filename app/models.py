@@ -178,9 +178,6 @@ RunStatus = RunState
 """The run states of PRODUCT.md's contract, one definition shared with the worker (``worker.core.contract``)."""
 
 
-TERMINAL_STATUSES = frozenset(RunStatus(value) for value in TERMINAL)
-
-
 class RunBase(SQLModel):
     name: str = Field(min_length=1, max_length=NAME_MAX, index=True)
 
@@ -311,7 +308,7 @@ class RunPublic(RunBase):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
+        return self.status in TERMINAL
 
 
 class RunsPublic(BaseModel):
@@ -328,12 +325,11 @@ class RunWaitPublic(BaseModel):
     timed_out: bool = Field(description="True when the run was still unfinished at the timeout.")
     attention: list[dict[str, Any]] = Field(
         description="One row per role (actor, rollout, reference, critic), the shape `attnboard submit --json` prints "
-                    "too: role, then from its attention events (after a restart, the new ranks'): requested, effective, "
-                    "observed, status, forced, fallback, rank, node, attempt, sdpa_backend (the SDPA backend the "
-                    "first forward ran: flash_attention, efficient_attention, cudnn_attention or math; null when no "
-                    "SDPA call ran), sdpa_backend_reason (why it was math), compute_dtype, and error (null). On a "
-                    "failed or cancelled run a role that never reported has requested (from the spec), effective null, status "
-                    "error and error: its load error or why the run ended first."
+                    "too: every field of the role's attention payload (worker.core.attention_payload.AttentionPayload: "
+                    "role, rank, requested, effective, observed, sdpa_backend, compute_dtype, status, ...; the first "
+                    "rank's, after a restart the new ranks') and error (null). On a failed or cancelled run a role that "
+                    "never reported has requested (from the spec), effective null, status error and error: its load "
+                    "error or why the run ended first."
     )
 
 

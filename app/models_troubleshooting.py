@@ -22,6 +22,7 @@ from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, Text, Unique
 from sqlmodel import Field, SQLModel
 
 from app.models import NAME_MAX, UtcDatetime, _Request, utcnow
+from worker.core.contract import TERMINAL
 
 NOTE_MAX = 4000
 MAX_TRIAL_STEPS = 20
@@ -149,7 +150,9 @@ class TrialStatus(str, Enum):
     cancelled = "cancelled"
 
 
-TRIAL_TERMINAL = frozenset({TrialStatus.succeeded.value, TrialStatus.failed.value, TrialStatus.cancelled.value})
+TRIAL_TERMINAL = TERMINAL
+"""A trial ends as a run does: succeeded, failed or cancelled (``worker.core.contract.TERMINAL``)."""
+TRIAL_ACTIVE: tuple[str, ...] = tuple(s.value for s in TrialStatus if s.value not in TRIAL_TERMINAL)
 
 
 class Trial(SQLModel, table=True):

@@ -22,6 +22,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from worker.core import roles
+from worker.core.attention_payload import SUMMARY_FIELDS, cell
+from worker.core.contract import TERMINAL
+
 EXIT = {"succeeded": 0, "failed": 1, "cancelled": 3}
 
 
@@ -66,7 +70,7 @@ class _Console:
             if p["state"] == "running" and self.task is None:
                 self.progress.start()
                 self.task = self.progress.add_task("PPO", total=p.get("total_steps"), info="")
-            if p["state"] in ("succeeded", "failed", "cancelled"):
+            if p["state"] in TERMINAL:
                 self.close()
                 self._print_attention()
             self.console.print(f"[cyan]status[/] {p['state']}: {escape(str(p.get('reason', '')))}")
@@ -93,15 +97,10 @@ class _Console:
         if not self.attention:
             return
         table = Table(title="attention per role and rank")
-        for col in ("role", "rank", "requested", "effective", "observed", "sdpa backend", "dtype", "status", "calls"):
-            table.add_column(col)
-        for (role, rank), p in sorted(self.attention.items()):
-            calls = ", ".join(f"{name} x{count}" for name, count in sorted(p["calls"].items()))
-            backend = p.get("sdpa_backend") or "-"
-            if p.get("sdpa_backend_reason"):
-                backend += f" ({p['sdpa_backend_reason']})"
-            table.add_row(role, str(rank), p["requested"], p["effective"], str(p["observed"]), backend,
-                          str(p.get("compute_dtype") or "-"), p["status"], calls)
+        for col in SUMMARY_FIELDS:
+            table.add_column(col.replace("_", " "))
+        for _, p in sorted(self.attention.items(), key=lambda item: (roles.order(item[0][0]), item[0][1])):
+            table.add_row(*(cell(p, name) for name in SUMMARY_FIELDS))
         self.console.print(table)
 
     def close(self) -> None:

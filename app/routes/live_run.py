@@ -22,6 +22,7 @@ from app.services.feeds import RunFeed
 from app.views.live_run import checkpoint_context, eager_remedy_of, eager_roles, load_view, passthrough_of, trimmed
 from app.views.run_view import CHARTS, RunView, apply_event, fold, format_eta
 from app.web import page_context, redirect, render, templates
+from worker.core.roles import SETTINGS
 from worker.spec import PASSTHROUGH_NOTE
 from worker.troubleshoot.classify import eager_remedy
 
@@ -167,11 +168,11 @@ async def retry(request: Request, run_id: int, principal: PageUser, session: Ses
     require_page_write(principal)
     form = await request.form()
     roles = [str(r) for r in form.getlist("eager_on") if r]
-    settings = ("actor", "critic")
+    settings = [setting.value for setting in SETTINGS]
     for role in roles:
         if role not in settings:
             raise AppError(422, "invalid_request", f"eager_on {role!r} is not a role with its own attention setting",
-                           field="eager_on", value=role, valid=list(settings))
+                           field="eager_on", value=role, valid=settings)
     patch = eager_remedy(roles).patch if roles else {}
     new = await run_in_threadpool(runs_service.retry_run, session, run_id=run_id, patch=patch,
                                   launcher=get_launcher(request))

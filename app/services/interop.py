@@ -4,7 +4,7 @@ The rules themselves live in the worker package (``worker.attention.resolution``
 turns their exceptions into errors naming the field, the value and what is valid, and guards the YAML
 parser against alias bombs and runaway nesting before the text reaches it. Every import of the app goes
 through ``import_spec`` (``POST /api/import`` and the new-run form's import), under the worker's limits
-(``MAX_INPUT_BYTES``, ``MAX_YAML_NODES``: one set, defined in ``worker.interop.verl``).
+(``MAX_INPUT_BYTES``, ``MAX_YAML_NODES``: one set, ``worker.core.limits``; one YAML guard, ``worker.core.yaml_guard``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import yaml
 from app.errors import AppError
 from app.services.isolation import IsolatedCalls
 from worker.attention.preview import preview
+from worker.core import yaml_guard
 from worker.core.environment import PROFILES, Environment, InvalidEnvironment, UnknownProfileError, environment_from
+from worker.core.limits import MAX_INPUT_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, utf8_size
 from worker.interop import verl
 from worker.interop.specfile import detect_format
-from worker.interop.verl import MAX_INPUT_BYTES, MAX_YAML_NODES
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec, spec_to_tree
 from worker.spec.confine import Roots, path_issues
 
@@ -79,10 +80,17 @@ def _yaml_position(mark: Any) -> str:
 
 
 def check_yaml_safety(text: str) -> None:
-    """Refuse YAML that is malformed or would expand past MAX_YAML_NODES (a "billion laughs" alias bomb),
-    composing the node graph once (aliases stay shared there) and counting nodes with aliases followed."""
+    """Refuse YAML that is malformed, too large, nested too deeply or would expand past MAX_YAML_NODES (a
+    "billion laughs" alias bomb): the one guard (``worker.core.yaml_guard``), its refusals as 422s."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _, loader = yaml_guard.compose(text)
+        loader.dispose()
+    except yaml_guard.InputTooLarge as exc:
+        raise AppError(422, "text_too_long", f"text: {exc}", field="text", value=exc.size,
+                       valid=f"<= {exc.limit} bytes") from None
+    except yaml_guard.YamlTooLarge as exc:
+        raise AppError(422, "yaml_too_large", f"text: {exc}; a verl config has about 700 values", field="text",
+                       valid=f"<= {MAX_YAML_NODES} values, <= {MAX_YAML_DEPTH} levels") from None
     except yaml.MarkedYAMLError as exc:
         raise AppError(422, "invalid_yaml", f"text: invalid YAML at {_yaml_position(exc.problem_mark)}: {exc.problem}",
                        field="text", value=_line_at(text, exc.problem_mark), valid=IMPORT_VALID,
@@ -92,22 +100,6 @@ def check_yaml_safety(text: str) -> None:
         raise AppError(422, "invalid_yaml", f"text: invalid YAML: {exc}", field="text", valid=IMPORT_VALID) from None
     except RecursionError:
         raise AppError(422, "invalid_yaml", "text: YAML nested too deeply", field="text", valid=IMPORT_VALID) from None
-    if root is None:
-        return
-    count = 0
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        count += 1
-        if count > MAX_YAML_NODES:
-            raise AppError(422, "yaml_too_large", f"text: the YAML expands to more than {MAX_YAML_NODES} nodes "
-                           f"(aliases followed); a verl config has about 700", field="text",
-                           valid=f"<= {MAX_YAML_NODES} nodes")
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                stack.extend((key, value))
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
 
 
 def _line_at(text: str, mark: Any) -> str | None:
@@ -120,7 +112,7 @@ def _line_at(text: str, mark: Any) -> str | None:
 def import_spec(*, text: str, format: ImportFormat = "auto") -> tuple[str, verl.ImportResult]:
     """A verl command line or YAML -> (its format, the import), behind the size and YAML guards; every
     refusal is an AppError naming the field (``text``, or the spec key at fault), the value and what is valid."""
-    size = len(text.encode("utf-8", errors="replace"))
+    size = utf8_size(text)
     if size > MAX_INPUT_BYTES:
         raise AppError(422, "text_too_long", f"text: {size} bytes is too long; valid: at most {MAX_INPUT_BYTES} bytes",
                        field="text", value=size, valid=f"<= {MAX_INPUT_BYTES} bytes")

@@ -103,6 +103,7 @@ class IsolatedCalls:
         self._slots = threading.BoundedSemaphore(max_children)
         self._max_idle = self.max_children = max_children
         self._closed = False
+        self._users = 0
 
     def warm(self, children: int = 1) -> None:
         """Start ``children`` children in the background, so the next calls find them ready."""
@@ -164,8 +165,18 @@ class IsolatedCalls:
             raise AppError(status, code, text, **extra)
         raise RuntimeError(f"{message[1]} in an isolated call to {module}.{function}: {message[2]}")
 
+    def open(self) -> None:
+        """One more user of the children (an app's lifespan; an app served twice at once has two): ``close``
+        shuts them down when the last user closes."""
+        with self._lock:
+            self._users += 1
+            self._closed = False
+
     def close(self) -> None:
         with self._lock:
+            self._users = max(self._users - 1, 0)
+            if self._users:
+                return  # another lifespan of the same app still serves imports
             self._closed = True
             idle, self._idle = self._idle, []
         for child in idle:

@@ -55,8 +55,10 @@ from app.services.launcher import LauncherUnavailable
 from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, schedule
 from app.services.trials import TrialPump
 from worker.attention.resolution import ROLES, resolve
+from worker.core.attention_payload import AttentionPayload
 from worker.core.contract import TERMINAL
 from worker.core.environment import PROFILES
+from worker.core.events import read_attention
 from worker.spec import SpecError, parse_spec
 
 log = logging.getLogger("attnboard.pump")
@@ -108,21 +110,16 @@ def gone_events(last_seq: int, *, name: str, why: str, cancel_requested: bool) -
     ]
 
 
-ATTENTION_SUMMARY_KEYS = ("requested", "effective", "observed", "status", "forced", "fallback", "rank", "node",
-                          "sdpa_backend", "sdpa_backend_reason", "compute_dtype")
-
-
-def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per role, from its ``attention`` events (the first rank seen of the latest attempt wins: after a
-    restart, what the new ranks ran): requested, effective, observed, status, forced, fallback, rank, the
-    attempt and node, the SDPA backend that ran (and why, where it was math) and the compute dtype."""
-    out: dict[str, dict[str, Any]] = {}
+def attention_summary(payloads: list[dict[str, Any]]) -> dict[str, AttentionPayload]:
+    """Per role, its ``attention`` payload (``AttentionPayload``, every field; the first rank seen of the latest
+    attempt wins: after a restart, what the new ranks ran)."""
+    out: dict[str, AttentionPayload] = {}
     for payload in payloads:
-        role = payload.get("role")
-        attempt = payload.get("attempt") if isinstance(payload.get("attempt"), int) else 0
-        if isinstance(role, str) and (role not in out or attempt > out[role]["attempt"]):
-            out[role] = {key: payload.get(key) for key in ATTENTION_SUMMARY_KEYS}
-            out[role]["attempt"] = attempt
+        if not isinstance(payload.get("role"), str):
+            continue
+        read = read_attention(payload)
+        if read.role not in out or read.attempt > out[read.role].attempt:
+            out[read.role] = read
     return out
 
 
@@ -171,23 +168,23 @@ class RunChanges:
 
 def attention_rows(run: Run, attention: list[dict[str, Any]], errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The attention of ``/wait`` and ``attnboard submit --json``, one shape for both: a list of rows, one per
-    role in ROLES order, ``role`` first. A role that reported has its summary (``attention_summary``) and
-    ``error`` None; on a failed or cancelled run, a role that did not has ``requested`` from the spec, ``effective``
-    None, ``status`` error and ``error``: its own load error (an ``error`` event naming the role) or, when
-    the run ended before it loaded, why the run ended."""
+    role in ROLES order: a role that reported has its attention payload (``attention_summary``: every field of
+    ``worker.core.attention_payload.AttentionPayload``, ``role`` first) and ``error`` None; on a failed or
+    cancelled run, a role that did not has ``requested`` from the spec, ``effective`` None, ``status`` error and
+    ``error``: its own load error (an ``error`` event naming the role) or, when the run ended before it loaded,
+    why the run ended."""
     summary = attention_summary(attention)
     role_errors = {p["role"]: p for p in errors if isinstance(p.get("role"), str)}
     ended_early = run.status in TERMINAL and run.status != RunStatus.succeeded.value
     requested = _requested_per_role(run.spec) if ended_early else {}
-    rows = [{"role": role, **info, "error": None} for role, info in summary.items()]
+    rows = [{**info.as_dict(), "error": None} for info in summary.values()]
     for role, wanted in requested.items():
         if role in summary:
             continue
         failed = role_errors.get(role)
         ended = f"did not load: the run {run.status} ({run.status_reason or 'no reason given'})"
         why = str(failed.get("message")) if failed else ended
-        rows.append({"role": role, **dict.fromkeys(ATTENTION_SUMMARY_KEYS), "requested": wanted, "status": "error",
-                     "attempt": None, "error": why})
+        rows.append({**AttentionPayload(role=role, requested=wanted, status="error").as_dict(), "error": why})
     order = {role: i for i, role in enumerate(ROLES)}
     return sorted(rows, key=lambda r: order.get(r["role"], len(order)))
 

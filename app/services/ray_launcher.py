@@ -28,24 +28,21 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from app.models import TERMINAL_STATUSES, Run, RunStatus
-from app.models_troubleshooting import TRIAL_TERMINAL, Trial, TrialStatus
+from app.models import Run, RunStatus
+from app.models_troubleshooting import TRIAL_ACTIVE, TRIAL_TERMINAL, Trial, TrialStatus
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_runtime import RayRuntime, RayUnavailable
 from app.services.trials import engine_request, job_name
-from worker.preflight import rank_resources
+from worker.core.contract import ACTIVE, TERMINAL, run_name
+from worker.core.devices import run_resources
 
 log = logging.getLogger("attnboard.scheduler")
 
-CONTROLLER_PREFIX = "attnboard-run-"
-ACTIVE = [s.value for s in RunStatus if s not in TERMINAL_STATUSES]
 HOST_CALL_TIMEOUT_S = 30.0
 LAUNCH_TIMEOUT_S = 180.0  # the first launch may have to start the engine host's process
 
 
-def controller_name(run_id: int) -> str:
-    """A run's name in the engine and its ``ray_job`` (the worker's ``controller_name`` of ``str(run_id)``)."""
-    return f"{CONTROLLER_PREFIX}{run_id}"
+controller_name = run_name  # a run's name in the engine and its ``ray_job``
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,10 +57,12 @@ class Need:
 
     @classmethod
     def of_spec(cls, spec: Mapping[str, Any]) -> Need:
-        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each 1 CPU, plus 1 GPU off CPU."""
+        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each asking what
+        ``worker.core.devices.rank_resources`` says (1 CPU, plus 1 GPU off CPU)."""
         trainer = spec.get("trainer", {}) if isinstance(spec, Mapping) else {}
-        return cls(rank_resources(int(trainer.get("nnodes", 1)), int(trainer.get("n_gpus_per_node", 1)),
-                                  trainer.get("device", "cuda")))
+        world = int(trainer.get("nnodes", 1)) * int(trainer.get("n_gpus_per_node", 1))
+        device = trainer.get("device", "cuda")
+        return cls(run_resources(device, world))
 
     def fits(self, free: Mapping[str, float]) -> bool:
         return all(free.get(k, 0.0) >= v for k, v in self.resources.items())
@@ -348,9 +347,6 @@ class RayLauncher:
 # One scheduling pass (database + Ray)
 
 
-TRIAL_ACTIVE = [TrialStatus.queued.value, TrialStatus.running.value]
-
-
 def schedule(session: Session, launcher: RayLauncher) -> list[int]:
     """Start the queued runs and trials that fit, in the order they were made (one ``plan_queue``); record
     why the others wait. Returns the started runs' ids."""
@@ -444,7 +440,7 @@ def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
         return False
     session.expire_all()
     fresh = session.get(Run, run.id)
-    if fresh is None or fresh.status in {s.value for s in TERMINAL_STATUSES}:
+    if fresh is None or fresh.status in TERMINAL:
         launcher.kill_run(run.id)  # cancelled (or deleted) while it was being launched
     log.info("run %s: launched in the engine host as %s", run.id, name)
     return True

@@ -38,11 +38,11 @@ from sqlalchemy import (
 from sqlalchemy.engine import Compiled
 
 from app.errors import not_found
-from app.models import TERMINAL_STATUSES, Event, Run, _as_utc
+from app.models import Event, Run, _as_utc
+from worker.core.contract import TERMINAL
 
 _RUN = Run.__table__  # type: ignore[attr-defined]
 _EVENT = Event.__table__  # type: ignore[attr-defined]
-_TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 _DUMP_OPTIONS = orjson.OPT_UTC_Z
 T = TypeVar("T")
 
@@ -117,7 +117,7 @@ def _run(row: Sequence[Any]) -> dict[str, Any]:
         "restarts": restarts,
         "progress": {"step": step, "total_steps": total_steps,
                      "fraction": min(1.0, step / total_steps) if total_steps else None},
-        "terminal": status in _TERMINAL,
+        "terminal": status in TERMINAL,
     }
 
 

@@ -18,12 +18,14 @@ from sqlalchemy import ColumnElement, func
 from sqlmodel import Session, col, select
 
 from app.errors import AppError, not_found
-from app.models import NAME_MAX, TERMINAL_STATUSES, Run, RunCreate, RunStatus, utcnow
+from app.models import NAME_MAX, Run, RunCreate, RunStatus, utcnow
 from app.services.common import check_paths, validated_spec
 from app.services.launcher import Launcher, LauncherUnavailable
 from app.services.preflight import refuse_never_fits
 from app.services.specs import get_spec
 from app.services.states import check_transition
+from worker.core.contract import TERMINAL
+from worker.spec import REMOVE, tree_set
 
 DEFAULT_RUN_NAME = "run"
 
@@ -45,16 +47,7 @@ def apply_patch(tree: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
             raise AppError(422, "invalid_patch", f"patch key {dotted!r} has an empty component",
                            field=f"patch.{dotted}", value=dotted,
                            valid="dotted keys with no empty component, e.g. trainer.total_training_steps")
-        node = out
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = node[part] = {}
-            node = child
-        if value is None:
-            node.pop(parts[-1], None)
-        else:
-            node[parts[-1]] = value
+        tree_set(out, str(dotted), REMOVE if value is None else value)
     return out
 
 
@@ -212,7 +205,7 @@ def set_status(run: Run, new: RunStatus | str, *, reason: str | None = None, at:
         run.status_reason = reason
     if status in (RunStatus.starting, RunStatus.running) and run.started_at is None:
         run.started_at = now
-    if status in TERMINAL_STATUSES:
+    if status in TERMINAL:
         run.finished_at = now
     return run
 
@@ -220,7 +213,7 @@ def set_status(run: Run, new: RunStatus | str, *, reason: str | None = None, at:
 def cancel_run(session: Session, *, run_id: int, launcher: Launcher | None = None) -> Run:
     run = get_run(session, run_id=run_id)
     status = RunStatus(run.status)
-    if status in TERMINAL_STATUSES:
+    if status in TERMINAL:
         raise AppError(409, "invalid_transition", f"run {run_id} is already {status.value}: only queued, starting "
                        f"or running runs can be cancelled", field="status", value=status.value,
                        valid=["queued", "starting", "running"])

@@ -10,7 +10,8 @@ and a state never moves to itself.
 from __future__ import annotations
 
 from app.errors import AppError
-from app.models import TERMINAL_STATUSES, RunStatus
+from app.models import RunStatus
+from worker.core.contract import TERMINAL
 
 S = RunStatus
 
@@ -43,6 +44,6 @@ def check_transition(current: RunStatus | str, new: RunStatus | str, *, run_id: 
         return nxt
     allowed = sorted(s.value for s in TRANSITIONS[cur])
     who = f"run {run_id} " if run_id is not None else ""
-    why = "it has finished" if cur in TERMINAL_STATUSES else f"valid next states: {', '.join(allowed)}"
+    why = "it has finished" if cur in TERMINAL else f"valid next states: {', '.join(allowed)}"
     raise AppError(409, "invalid_transition", f"{who}cannot go from {cur.value} to {nxt.value}: {why}",
                    field="status", value=nxt.value, valid=allowed)

@@ -29,6 +29,7 @@ from app.models import utcnow
 from app.models_troubleshooting import TRIAL_TERMINAL, Trial, TrialCreate, TrialStatus
 from app.services.common import check_paths, max_restarts_of, validated_spec
 from app.services.troubleshooting import parse_environment
+from worker.core.contract import trial_name
 from worker.core.implementations import VALID_DESCRIPTION, is_valid_name
 
 log = logging.getLogger("attnboard.trials")
@@ -131,9 +132,7 @@ def fail_orphaned_trials(session: Session) -> int:
     return len(rows)
 
 
-def job_name(trial_id: int) -> str:
-    """A trial's name in the engine host (its ``engine_job``)."""
-    return f"attnboard-trial-{trial_id}"
+job_name = trial_name  # a trial's name in the engine host (its ``engine_job``)
 
 
 def engine_request(trial: Trial) -> dict[str, Any]:

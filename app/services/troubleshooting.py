@@ -37,11 +37,11 @@ from app.models_troubleshooting import (
 from app.services.interop import environment_of
 from app.services.launcher import Launcher
 from worker.core.environment import Environment
+from worker.core.roles import NAMES
 from worker.troubleshoot.classify import (
     ROLE_SECTIONS,
     Category,
     Diagnosis,
-    EnvFacts,
     ErrorInfo,
     classify,
     fast_path_patch,
@@ -49,7 +49,6 @@ from worker.troubleshoot.classify import (
 )
 
 ERROR_TEXT_MAX = 8000
-ROLES = ("actor", "rollout", "reference", "critic")
 PROBE_EXTRAS = frozenset({"rank", "hostname", "python_version", "model_folder", "implementations"})
 """Keys ``worker.engine.probe.probe_environment`` (and the engine's env_probe event) add to the environment's fields."""
 RETRY_USES = ("remedy", "fast_path")
@@ -108,7 +107,7 @@ def draft_from_event(kind: str, payload: Mapping[str, Any], *, run_has_error: bo
 def diagnose(draft: Draft, env: Mapping[str, Any] | None) -> Diagnosis:
     """Classify a draft with the node's facts (None: unknown node)."""
     try:
-        facts = EnvFacts.of(env) if env else None
+        facts = Environment.from_probe(env) if env else None
     except (ValueError, TypeError):
         facts = None  # a probe we cannot read: classify without it
     return classify(ErrorInfo.from_traceback_text(draft.error), facts, role=draft.role)
@@ -207,7 +206,7 @@ def list_entries(
 ) -> tuple[list[TroubleshootingEntry], int]:
     """Newest first (by id: ingestion order), filtered; returns (page, total matching). An unknown category
     or role is an error listing the valid ones."""
-    for name, value, valid in (("category", category, [c.value for c in Category]), ("role", role, list(ROLES))):
+    for name, value, valid in (("category", category, [c.value for c in Category]), ("role", role, list(NAMES))):
         if value and value not in valid:
             raise AppError(422, "invalid_request", f"{name} {value!r} is not valid; valid: {', '.join(valid)}",
                            field=name, value=value, valid=valid)
@@ -238,7 +237,7 @@ def facets(session: Session) -> dict[str, list[str]]:
 
 @dataclass(frozen=True)
 class Probe:
-    facts: EnvFacts
+    facts: Environment
     source: str  # "run 7" | "recheck 3"
 
 
@@ -255,7 +254,7 @@ def later_probe(session: Session, entry: TroubleshootingEntry) -> Probe | None:
         candidates.append((_aware(recheck.created_at), recheck.environment, f"recheck {recheck.id}"))
     for _, payload, source in sorted(candidates, key=lambda c: c[0], reverse=True):
         try:
-            return Probe(EnvFacts.of(payload), source)
+            return Probe(Environment.from_probe(payload), source)
         except (ValueError, TypeError):
             continue
     return None
@@ -349,7 +348,7 @@ def recheck(session: Session, *, environment: str | Mapping[str, Any], author: s
     session.add(row)
     session.commit()
     session.refresh(row)
-    probe = Probe(EnvFacts.of(env), f"recheck {row.id}")
+    probe = Probe(env, f"recheck {row.id}")
     entries, _ = list_entries(session, limit=limit)
     suggestions = [entry_public(session, e, probe=probe) for e in entries if fast_path(e, probe) is not None]
     return row, suggestions

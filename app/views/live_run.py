@@ -12,6 +12,7 @@ from app.models import Run
 from app.services import checkpoints as checkpoints_service
 from app.services import events as events_service
 from app.views.run_view import RunView, fold
+from worker.core.roles import Role
 from worker.ppo.advantage import needs_critic
 from worker.troubleshoot.classify import eager_remedy
 
@@ -59,7 +60,7 @@ def eager_roles(run: Run, view: RunView) -> list[str]:
     """The settings a "retry with eager on ..." button is offered for: those whose role fell back or did
     not load, the critic only when the run trains one."""
     has_critic = needs_critic((run.spec.get("algorithm") or {}).get("adv_estimator", "gae"))
-    return [role for role in view.eager_retry_roles() if role != "critic" or has_critic]
+    return [role for role in view.eager_retry_roles() if role != Role.critic.value or has_critic]
 
 
 def trimmed(view: RunView) -> RunView:

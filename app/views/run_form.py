@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel
 
+from worker.core import yaml_guard
 from worker.core.implementations import BUILTIN_NAMES
 from worker.ppo import advantage
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree, tree_get
@@ -227,8 +228,8 @@ def form_to_spec_data(form: dict[str, list[str]]) -> dict[str, Any]:
                 data[f"{f.key}.{sub}"] = value
         elif f.listable and raw.startswith("["):
             try:
-                parsed = yaml.safe_load(raw)
-            except yaml.YAMLError as exc:
+                parsed = yaml_guard.safe_load(raw)  # bounded: the browser's text is untrusted
+            except (yaml.YAMLError, yaml_guard.InputTooLarge) as exc:
                 issues.append(Issue(f.key, raw, f"not a list [a, b]: {str(exc).splitlines()[0]}"))
                 continue
             data[f.key] = parsed
@@ -250,8 +251,8 @@ _MAPPING_EXAMPLES = {"mapping": "a YAML mapping of config keys to values, e.g. {
 def _yaml_mapping(f: FormField, raw: str, issues: list[Issue]) -> dict[str, Any] | None:
     """A mapping input's YAML, or None with the issue recorded."""
     try:
-        parsed = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
+        parsed = yaml_guard.safe_load(raw)  # bounded: the browser's text is untrusted
+    except (yaml.YAMLError, yaml_guard.InputTooLarge) as exc:
         issues.append(Issue(f.key, raw[:200], f"not a YAML mapping: {str(exc).splitlines()[0]}"))
         return None
     if not isinstance(parsed, dict):

@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from worker.core import roles
+from worker.core.attention_payload import AttentionPayload
 from worker.core.contract import TERMINAL
+from worker.core.events import read_attention
+from worker.core.roles import Role
 
 TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch", "restart"})
-ROLE_ORDER = ("actor", "rollout", "reference", "critic")
 # The role whose setting decides each role's attention: rollout and reference share the actor's section.
-SETTING_OF = {"actor": "actor", "rollout": "actor", "reference": "actor", "critic": "critic"}
+SETTING_OF = {role.value: role.setting.value for role in Role}
 # Worst first: a role's badge across its ranks is the worst any rank reported.
 BADGE_SEVERITY = ("error", "fallback", "forced", "override", "default", "ok")
 
@@ -56,35 +59,33 @@ def rank_key(per_rank: str, rank: str) -> str:
 
 @dataclass
 class AttentionRow:
-    """One role on one rank, from its ``attention`` event (or its ``error`` event when it never loaded)."""
+    """One role on one rank, from its ``attention`` event (or its ``error`` event when it never loaded): the
+    payload's fields (``AttentionPayload``, read as attributes of the row) and what the page adds."""
 
-    role: str
-    rank: int | None
-    requested: str | None
-    effective: str | None
-    observed: str | None
-    status: str
-    forced: bool
-    reasons: list[str]
-    source: str | None = None
-    predicted: str | None = None
-    config: str | None = None
-    calls: dict[str, int] = field(default_factory=dict)
-    fallback: bool = False
-    strategy: str | None = None
-    sp: int | None = None
-    sdpa_backend: str | None = None  # the SDPA backend the first forward ran (sdpa only): flash_attention, math, ...
-    sdpa_reason: str | None = None  # why it was math
-    sdpa_op: str | None = None  # the aten op that named it
-    compute_dtype: str | None = None
-    weights_dtype: str | None = None
-    kernel_source: str | None = None  # a FlashAttention kernel: flash_attn 2.8.3, kernels-community/flash-attn2@rev, ...
-    node: str | None = None
-    pid: int | None = None
-    attempt: int = 0
-    """0 for the first ranks; n after the run's n-th restart (the role was observed again on new ranks)."""
+    payload: AttentionPayload
+    reasons: list[str] = field(default_factory=list)
+    """The payload's reasons as sentences (``rule: text``)."""
     before: AttentionRow | None = None
     """The same role and rank before the latest restart, when it ran elsewhere or with another kernel."""
+
+    def __getattr__(self, name: str) -> Any:  # the payload's fields, without listing them again
+        if name == "payload":
+            raise AttributeError(name)
+        return getattr(self.payload, name)
+
+    def fields(self) -> list[tuple[str, Any]]:
+        """Every field of the payload with its value, for the row's details."""
+        return list(self.payload.as_dict().items())
+
+    @property
+    def sdpa_reason(self) -> str | None:
+        """Why the SDPA backend was math."""
+        return self.payload.sdpa_backend_reason
+
+    @property
+    def sdpa_op(self) -> str | None:
+        """The aten op that named the SDPA backend."""
+        return next((r["op"] for r in self.payload.sdpa if isinstance(r.get("op"), str) and r["op"]), None)
 
     @property
     def precision(self) -> str | None:
@@ -169,7 +170,7 @@ class RunView:
         return max(0.0, elapsed / self.step * (self.total_steps - self.step))
 
     def attention_rows(self) -> list[AttentionRow]:
-        return sorted(self.attention.values(), key=lambda r: (_role_index(r.role), r.role, r.rank if r.rank is not None else -1))
+        return sorted(self.attention.values(), key=lambda r: (roles.order(r.role), r.role, r.rank if r.rank is not None else -1))
 
     def forced_rows(self) -> list[AttentionRow]:
         """One row per role that was forced (rank 0's, or the first rank seen)."""
@@ -189,7 +190,7 @@ class RunView:
             setting = SETTING_OF.get(role)
             if setting and effective != "eager" and setting not in wanted:
                 wanted.append(setting)
-        return sorted(wanted, key=_role_index)
+        return sorted(wanted, key=roles.order)
 
     def role_badges(self) -> list[RoleBadge]:
         return badges_of(self.attention.values())
@@ -197,10 +198,6 @@ class RunView:
     def fell_back(self, role: str) -> bool:
         return any(r.role == role and r.badge == "fallback" for r in self.attention.values()) or any(
             e.kind == "fallback" and e.role == role for e in self.trouble)
-
-
-def _role_index(role: str) -> int:
-    return ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER)
 
 
 def _str(value: Any) -> str | None:
@@ -233,35 +230,8 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def attention_row(payload: dict[str, Any]) -> AttentionRow:
-    """An ``attention`` payload as a table row."""
-    calls = {str(k): v for k, v in _dict(payload.get("calls")).items() if _int(v) is not None}
-    return AttentionRow(
-        role=_str(payload.get("role")) or "?",
-        rank=_int(payload.get("rank")),
-        requested=_str(payload.get("requested")),
-        effective=_str(payload.get("effective")),
-        observed=_str(payload.get("observed")),
-        status=_str(payload.get("status")) or ("forced" if payload.get("forced") else "ok"),
-        forced=payload.get("forced") is True,
-        reasons=_reasons(payload.get("reasons")),
-        source=_str(payload.get("source")),
-        predicted=_str(payload.get("predicted")),
-        config=_str(payload.get("config_attn_implementation")),
-        calls=calls,
-        fallback=payload.get("fallback") is True,
-        strategy=_str(payload.get("strategy")),
-        sp=_int(payload.get("sp")),
-        sdpa_backend=_str(payload.get("sdpa_backend")),
-        sdpa_reason=_str(payload.get("sdpa_backend_reason")),
-        sdpa_op=next((_str(r.get("op")) for r in payload.get("sdpa") or [] if isinstance(r, dict) and _str(r.get("op"))),
-                     None),
-        compute_dtype=_str(payload.get("compute_dtype")),
-        weights_dtype=_str(payload.get("weights_dtype")),
-        kernel_source=_str(_dict(payload.get("kernel_source")).get("detail")),
-        node=_str(payload.get("node")),
-        pid=_int(payload.get("pid")),
-        attempt=_int(payload.get("attempt")) or 0,
-    )
+    """An ``attention`` payload as a table row (read leniently: a malformed field shows as absent)."""
+    return AttentionRow(read_attention(payload), reasons=_reasons(payload.get("reasons")))
 
 
 def failed_role_row(payload: dict[str, Any]) -> AttentionRow | None:
@@ -275,9 +245,9 @@ def failed_role_row(payload: dict[str, Any]) -> AttentionRow | None:
     reasons = [f"tried {', '.join(str(a.get('implementation')) for a in attempts)}"] if attempts else []
     if summary:
         reasons.append(summary)
-    return AttentionRow(role=role, rank=_int(payload.get("rank")),
-                        requested=_str(attempts[0].get("implementation")) if attempts else None, effective=None,
-                        observed=None, status="error", forced=False, reasons=reasons)
+    return AttentionRow(AttentionPayload(role=role, rank=_int(payload.get("rank")), status="error",
+                                         requested=_str(attempts[0].get("implementation")) if attempts else None),
+                        reasons=reasons)
 
 
 def _log_entry(seq: int, ts: datetime | None, kind: str, payload: dict[str, Any]) -> LogEntry:
@@ -395,7 +365,7 @@ def badges_of(rows: Iterable[AttentionRow]) -> list[RoleBadge]:
     for row in rows:
         by_role.setdefault(row.role, []).append(row)
     out = []
-    for role in sorted(by_role, key=lambda r: (_role_index(r), r)):
+    for role in sorted(by_role, key=lambda r: (roles.order(r), r)):
         worst = min(by_role[role], key=lambda r: (BADGE_SEVERITY.index(r.badge), r.rank if r.rank is not None else -1))
         out.append(RoleBadge(role=role, requested=worst.requested, effective=worst.effective, badge=worst.badge,
                              ranks=len(by_role[role])))
@@ -407,7 +377,7 @@ def eager_settings(badges: Iterable[RoleBadge]) -> list[str]:
     back or did not load, and it did not end on eager anyway."""
     wanted = {SETTING_OF[b.role] for b in badges
               if b.role in SETTING_OF and b.badge in ("fallback", "error") and b.effective != "eager"}
-    return sorted(wanted, key=_role_index)
+    return sorted(wanted, key=roles.order)
 
 
 # --------------------------------------------------------------------------------------------

@@ -66,3 +66,20 @@ def test_an_import_error_and_an_import_timeout_answer_422_naming_the_text():
     finally:
         pool.close()
     assert import_calls(1.5).on_timeout(1.6).body()["error"]["code"] == IMPORT_TIMEOUT_CODE
+
+
+def test_the_children_stop_when_the_last_lifespan_of_the_app_closes():
+    """An app served twice at once (the tests' shared app, also under uvicorn) keeps its import children until
+    both lifespans end; a pool never opened closes at once."""
+    pool = IsolatedCalls(timeout_s=5, preload=())
+    pool.open()
+    pool.open()
+    pool.close()
+    assert not pool._closed
+    pool.close()
+    with pytest.raises(AppError) as info:
+        pool.call("math", "sqrt", x=4)
+    assert info.value.code == "shutting_down"
+    again = IsolatedCalls(timeout_s=5, preload=())
+    again.close()
+    assert again._closed

@@ -18,6 +18,7 @@ from app.cli import cli
 from app.services.ray_runtime import free_port
 from tests.app.factories import engine_headers, status_event
 from tests.app.service_support import tiny_run_spec
+from worker.core.attention_payload import FIELDS
 
 
 def attention_event(seq: int, role: str, effective: str) -> dict:
@@ -66,10 +67,13 @@ def test_wait_answers_at_once_for_a_finished_run_with_attention_per_role(client,
     by_role = {row["role"]: row for row in body["attention"]}
     assert [row["role"] for row in body["attention"]] == ["actor", "critic"]  # ROLES order, each reported role
     assert by_role["actor"]["effective"] == "sdpa"
-    assert by_role["critic"] == {"role": "critic", "requested": "sdpa", "effective": "eager", "observed": "eager",
-                                 "status": "fallback", "forced": None, "fallback": None, "rank": 0,
-                                 "node": None, "attempt": 0, "sdpa_backend": None,
-                                 "sdpa_backend_reason": None, "compute_dtype": None, "error": None}
+    critic = by_role["critic"]
+    assert list(critic) == [*FIELDS, "error"]  # every field of the one attention payload, and the row's error
+    assert {k: critic[k] for k in ("requested", "effective", "observed", "status", "forced", "fallback", "rank", "node",
+                                   "attempt", "sdpa_backend", "sdpa_backend_reason", "compute_dtype", "error")} == {
+        "requested": "sdpa", "effective": "eager", "observed": "eager", "status": "fallback", "forced": False,
+        "fallback": False, "rank": 0, "node": None, "attempt": 0, "sdpa_backend": None, "sdpa_backend_reason": None,
+        "compute_dtype": None, "error": None}
 
 
 def test_a_failed_runs_wait_reports_every_role_with_the_error_or_why_it_ended(client, write_headers):

@@ -154,15 +154,15 @@ def test_attention_summary_takes_the_first_rank_of_each_role():
     ]
     summary = attention_summary(payloads)
     assert set(summary) == {"actor", "critic"}
-    assert summary["actor"]["effective"] == "sdpa" and summary["critic"]["status"] == "forced"
+    assert summary["actor"].effective == "sdpa" and summary["critic"].status == "forced"
     restarted = attention_summary([
         *payloads,
         {"role": "actor", "rank": 1, "effective": "eager", "observed": "eager", "attempt": 1, "node": "10.0.0.9"},
         {"role": "actor", "rank": 0, "effective": "sdpa", "observed": "sdpa", "attempt": 1, "node": "10.0.0.8"},
     ])
-    assert (restarted["actor"]["rank"], restarted["actor"]["effective"], restarted["actor"]["node"],
-            restarted["actor"]["attempt"]) == (1, "eager", "10.0.0.9", 1)  # the first rank seen after the restart
-    assert restarted["critic"]["attempt"] == 0
+    assert (restarted["actor"].rank, restarted["actor"].effective, restarted["actor"].node,
+            restarted["actor"].attempt) == (1, "eager", "10.0.0.9", 1)  # the first rank seen after the restart
+    assert restarted["critic"].attempt == 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,3 +273,10 @@ def test_runs_and_trials_share_one_queue_in_the_order_they_were_made():
     assert plan[2].reason == "waiting behind trial 1 (first in the queue)"  # it would fit: FIFO keeps it waiting
     # A trial first in line starts like a run would.
     assert [d.start for d in plan_queue([(trial, Need({"CPU": 2}))], {"CPU": 2}, {"CPU": 2}, label=str)] == [True]
+
+
+def test_a_runs_ray_job_is_its_name_in_the_engine():
+    from app.services.ray_launcher import controller_name
+    from worker.core.contract import run_name
+
+    assert controller_name(7) == run_name(7) == "attnboard-run-7"

@@ -9,9 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.errors import AppError
-from app.models import TERMINAL_STATUSES, Run, RunStatus
+from app.models import Run, RunStatus
 from app.services.runs import set_status
 from app.services.states import TRANSITIONS, check_transition
+from worker.core.contract import TERMINAL
 
 S = RunStatus
 ALLOWED = {
@@ -50,8 +51,8 @@ def test_unknown_status_names_the_valid_ones():
 
 
 def test_terminal_states_are_final_and_cancel_reaches_every_live_state():
-    assert all(not TRANSITIONS[s] for s in TERMINAL_STATUSES)
-    assert all(S.cancelled in TRANSITIONS[s] for s in S if s not in TERMINAL_STATUSES)
+    assert all(not TRANSITIONS[s] for s in TERMINAL)
+    assert all(S.cancelled in TRANSITIONS[s] for s in S if s not in TERMINAL)
 
 
 @given(st.lists(st.sampled_from(list(S)), max_size=12))
@@ -70,6 +71,6 @@ def test_random_walks_only_take_allowed_steps_and_stamp_times(walk):
         path.append(new)
     last = S(run.status)
     assert last == path[-1]
-    assert (run.finished_at is not None) == (last in TERMINAL_STATUSES)
+    assert (run.finished_at is not None) == (last in TERMINAL)
     if any(s in (S.starting, S.running) for s in path):
         assert run.started_at is not None

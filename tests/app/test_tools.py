@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from app.errors import AppError
-from app.services.interop import MAX_YAML_NODES, check_yaml_safety
+from app.services.interop import check_yaml_safety
+from worker.core.limits import MAX_YAML_NODES
 
 SEED = Path(__file__).resolve().parents[1] / "fixtures" / "seed"
 

@@ -22,12 +22,13 @@ from worker.attention.rollout_engines import EngineChoice, engine_choice
 from worker.attention.verl_engines import EngineAttention, verl_engine_view
 from worker.core.environment import Environment
 from worker.core.implementations import DEFAULT_IMPL, base_impl, is_hub_kernel, is_valid_name
+from worker.core.roles import NAMES, Role
 from worker.core.vocabulary import ModelInfo
 from worker.spec import PASSTHROUGH, RunSpec, Strategy, spec_to_flat
 
 __all__ = ["ROLES", "ModelSupport", "Reason", "Resolution", "RoleResolution", "Rule", "Status", "resolve"]
 
-ROLES = ("actor", "rollout", "reference", "critic")
+ROLES = NAMES  # the roles in order (worker.core.roles)
 
 
 class Status(str, Enum):
@@ -190,33 +191,33 @@ def resolve(
     (``model_engine``) reads and runs for it (``verl_engine``; ``architecture``: the actor's model class, for
     Automodel's Qwen/Llama rule)."""
     arr = spec.actor_rollout_ref
-    section = "actor_rollout_ref.model.override_config"
+    section = f"{Role.actor.model_section}.override_config"
     out = Resolution(environment=env.name, policy=spec.attnboard.fallback_policy, model_engine=spec.model_engine)
     actor_strategy = arr.actor.strategy
     shared = {"override_config": arr.model.override_config, "strategy": actor_strategy, "sp": spec.actor_sp,
               "support": actor_support, "model": actor_model}
 
-    actor = _resolve_role(spec, env, _RoleInput("actor", section, trained=True, **shared))
+    actor = _resolve_role(spec, env, _RoleInput(Role.actor.value, section, trained=Role.actor.trains, **shared))
     out.roles["actor"] = actor
     out.roles["rollout"] = _rollout(spec, env, actor)
 
-    reference = _resolve_role(spec, env, _RoleInput("reference", section, trained=False, **shared))
+    reference = _resolve_role(spec, env, _RoleInput(Role.reference.value, section, trained=Role.reference.trains, **shared))
     out.roles["reference"] = replace(reference, reasons=(
         *reference.reasons, Reason(Rule.shared_section.value,
                                    "reference shares actor_rollout_ref.model.override_config (frozen initial weights).")))
 
     if spec.has_critic:
-        critic_section = "critic.model.override_config"
+        critic_section = f"{Role.critic.model_section}.override_config"
         critic = _resolve_role(spec, env, _RoleInput(
-            "critic", critic_section, spec.critic.model.override_config, spec.critic.strategy, spec.critic_sp,
-            trained=True, support=critic_support, model=critic_model))
+            Role.critic.value, critic_section, spec.critic.model.override_config, spec.critic.strategy, spec.critic_sp,
+            trained=Role.critic.trains, support=critic_support, model=critic_model))
         if critic.source == "override":
             critic = replace(critic, reasons=(
                 *critic.reasons, Reason(Rule.verl_critic_defect.value,
                                         "verl <= 0.9.1 ignores critic.model.override_config.attn_implementation "
                                         "(verl issue #5210: load_valuehead_model passes flash_attention_2 explicitly); "
                                         "attnboard applies it.")))
-        out.roles["critic"] = critic
+        out.roles[Role.critic.value] = critic
     view = verl_engine_view(spec.model_engine, verl_keys(spec), device=env.device, has_critic=spec.has_critic,
                             architecture=architecture or (actor_model.architecture if actor_model else None)
                             or (actor_support.model_class if actor_support else None))

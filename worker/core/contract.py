@@ -34,9 +34,28 @@ class RunState(str, Enum):
 
 
 TERMINAL = frozenset({RunState.succeeded.value, RunState.failed.value, RunState.cancelled.value})
+"""The final states (values; a ``RunState`` member is found in it too, being a str)."""
+ACTIVE: tuple[str, ...] = tuple(s.value for s in RunState if s.value not in TERMINAL)
+"""Every other state: queued, starting, running."""
 
 NAMESPACE = "attnboard"  # the Ray namespace of the engine host and of the rank actors named after a run
 HOST_NAME = "attnboard-engine"  # the engine host (worker.engine.host) of the standalone runner and tests
+
+
+def run_name(run_id: str | int) -> str:
+    """A run's name in the engine (its controller; the app's ``ray_job``): ``attnboard-run-<run_id>``."""
+    return f"attnboard-run-{run_id}"
+
+
+def rank_name(run_id: str | int, rank: int) -> str:
+    """The name of a fresh rank actor of a run: ``attnboard-run-<run_id>-rank<rank>`` (pooled warm ranks are
+    unnamed: they belong to no run while warm)."""
+    return f"{run_name(run_id)}-rank{rank}"
+
+
+def trial_name(trial_id: str | int) -> str:
+    """A trial's name in the engine host (the app's ``engine_job``): ``attnboard-trial-<trial_id>``."""
+    return f"attnboard-trial-{trial_id}"
 
 
 def host_name(scope: str | None = None) -> str:

@@ -5,10 +5,11 @@ Pure data: probing lives in ``worker/engine/probe.py``; this module only describ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-DEVICES = ("cpu", "cuda", "npu")
+from worker.core.devices import DEVICES
 
 
 class UnknownProfileError(KeyError):
@@ -116,6 +117,19 @@ class Environment:
                                          "e.g. [8, 0]", valid="[major, minor], each 0 to 99, e.g. [8, 0]")
             values["compute_capability"] = (cc[0], cc[1])
         return cls(**values)
+
+    @classmethod
+    def from_probe(cls, probe: Any, name: str = "probe") -> Environment:
+        """A probe (``worker.engine.probe.probe_environment``, an ``env_probe`` event's payload, a stored recheck,
+        or any object with these attributes) -> Environment: its Environment fields, the rest (rank, hostname,
+        implementations, ...) left aside, absent or null ones at their defaults; InvalidEnvironment names a bad one."""
+        get = probe.get if isinstance(probe, Mapping) else lambda key, default=None: getattr(probe, key, default)
+        values = {key: get(key, None) for key in PROBE_FIELDS}
+        return cls.from_dict({"name": name, **{key: value for key, value in values.items() if value is not None}})
+
+
+PROBE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Environment) if f.name not in ("name", "description"))
+"""The fields of an Environment a probe of a node reports."""
 
 
 PROFILES: dict[str, Environment] = {

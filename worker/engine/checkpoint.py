@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from worker.core.roles import TRAINED, Role
 from worker.spec import Issue, RunSpec, tree_get
 from worker.spec.confine import resolved_local_dir
 
@@ -46,9 +47,7 @@ PARTIAL = ".partial-"
 DCP_METADATA = ".metadata"
 RNG_FOLDER = "rng"
 FORMAT = 1
-TRAINED_ROLES = ("actor", "critic")
-MODEL_SECTIONS = {"actor": "actor_rollout_ref.model", "critic": "critic.model"}
-"""The spec section of each checkpointed role's model (errors name keys under it)."""
+TRAINED_ROLES = tuple(role.value for role in TRAINED)  # the roles a checkpoint holds
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
               "num_key_value_heads", "head_dim", "vocab_size")
 """Config attributes that decide the shapes of a model's parameters: a checkpoint only fits a model with
@@ -371,7 +370,7 @@ def fit_issues(meta: dict[str, Any], *, models: dict[str, dict[str, Any]], spec_
     saved_models = meta.get("models") or {}
     saved_tree = meta.get("spec") or {}
     for role, now in models.items():
-        section = MODEL_SECTIONS[role]
+        section = Role(role).model_section  # errors name keys under it
         if role not in saved_models:
             issues.append(Issue("algorithm.adv_estimator", tree_get(spec_tree, "algorithm.adv_estimator"),
                                 f"the checkpoint at {path} holds no {role} (it was saved by a run with "

@@ -19,18 +19,15 @@ from typing import Any
 
 import ray
 
-from worker.core.contract import NAMESPACE
+from worker.core.contract import NAMESPACE, rank_name, run_name
 from worker.engine import models
 from worker.engine.events import Event, EventLog, RunState
 from worker.engine.group import CANCEL_GRACE_S
-from worker.engine.ranks import RankSource, rank_name
+from worker.engine.ranks import RankSource
 from worker.engine.trainer import CANCEL_BOUND_S, Continuation, RunOptions, Trainer
 from worker.spec import RunSpec, parse_spec
 
-
-def controller_name(run_id: str) -> str:
-    """The name of a run in the engine (and the app's ``ray_job``): ``attnboard-run-<run_id>``."""
-    return f"attnboard-run-{run_id}"
+controller_name = run_name  # the name of a run in the engine (and the app's ``ray_job``)
 
 
 def run_actor_names(run_id: str) -> set[str]:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from worker.core.devices import GPU, run_resources
+
 DISPATCH_ATTR = "__attnboard_dispatch__"
 
 
@@ -107,14 +109,14 @@ class ResourceError(RuntimeError):
     """The cluster cannot hold the run's rank workers."""
 
 
-def check_resources(*, device: str, world: int, available: dict[str, float], per_rank_cpus: float = 1.0) -> None:
-    """Raise ``ResourceError`` naming both numbers when ``available`` cannot hold ``world`` ranks."""
-    if device == "cpu":
-        need, have, what = world * per_rank_cpus, available.get("CPU", 0.0), "CPUs"
-    else:
-        need, have, what = float(world), available.get("GPU", 0.0), "GPUs"
-    if have < need:
-        raise ResourceError(
-            f"Total available {what} {have:g} is less than total desired {what} {need:g} "
-            f"(trainer.nnodes x trainer.n_gpus_per_node = {world} ranks on {device})"
-        )
+def check_resources(*, device: str, world: int, available: dict[str, float]) -> None:
+    """Raise ``ResourceError`` naming both numbers when ``available`` cannot hold ``world`` ranks (what each asks
+    Ray for: ``worker.core.devices.rank_resources``; GPUs checked first)."""
+    wanted = run_resources(device, world)
+    for name in sorted(wanted, key=lambda n: n != GPU):
+        have, need = available.get(name, 0.0), wanted[name]
+        if have < need:
+            raise ResourceError(
+                f"Total available {name}s {have:g} is less than total desired {name}s {need:g} "
+                f"(trainer.nnodes x trainer.n_gpus_per_node = {world} ranks on {device})"
+            )

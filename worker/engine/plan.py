@@ -12,8 +12,13 @@ import itertools
 from dataclasses import asdict
 from typing import Any
 
+from pydantic import BaseModel
+
 from worker.attention import availability
 from worker.attention.resolution import Resolution, RoleResolution, Status
+from worker.core.attention_payload import AttentionPayload, status_of
+from worker.core.events import AttentionMismatchPayload, FallbackPayload
+from worker.core.roles import Role
 from worker.engine.rank import LoadPlan, RolePlan
 from worker.engine.ulysses import base_of
 from worker.spec import RunSpec
@@ -32,27 +37,28 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
     arr = spec.actor_rollout_ref
     policy = spec.attnboard.fallback_policy
 
-    def role_plan(name: str, loader: str, folder: str, override: dict, strategy: str, sp: int, trained: bool,
+    def role_plan(role: Role, loader: str, folder: str, override: dict, strategy: str, sp: int,
                   lr: float, weight_decay: float, checkpointing: bool) -> RolePlan:
+        name = role.value
         r = resolution.roles[name]
         return RolePlan(role=name, loader=loader, folder=folder, override_config=dict(override),
                         candidates=candidates(r, policy), requested=r.requested,
                         forced=r.status == Status.forced.value, reasons=[asdict(x) for x in r.reasons],
-                        strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay,
+                        strategy=strategy, sp=sp, trained=role.trains, lr=lr, weight_decay=weight_decay,
                         gradient_checkpointing=checkpointing_applies(checkpointing, sp),
                         output_attentions=spec.attnboard.debug.output_attentions,
                         compute_dtype=spec.precision(name)[0], master_dtype=spec.precision(name)[1])
 
     roles = [
-        role_plan("actor", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
-                  True, arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing),
-        role_plan("reference", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy,
-                  spec.actor_sp, False, arr.actor.optim.lr, 0.0, False),
+        role_plan(Role.actor, "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
+                  arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing),
+        role_plan(Role.reference, "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy,
+                  spec.actor_sp, arr.actor.optim.lr, 0.0, False),
     ]
     if spec.has_critic:
         assert critic_folder is not None, "a gae run needs the critic's folder"
-        roles.append(role_plan("critic", "value", critic_folder, spec.critic.model.override_config,
-                               spec.critic.strategy, spec.critic_sp, True, spec.critic.optim.lr,
+        roles.append(role_plan(Role.critic, "value", critic_folder, spec.critic.model.override_config,
+                               spec.critic.strategy, spec.critic_sp, spec.critic.optim.lr,
                                spec.critic.optim.weight_decay, spec.critic.model.enable_gradient_checkpointing))
     return LoadPlan(roles=roles, policy=policy, env=env, seed=spec.attnboard.seed)
 
@@ -77,64 +83,46 @@ def checkpointing_note(spec: RunSpec) -> str | None:
             f"recomputed forward would run outside the all-to-all; this run keeps activations instead")
 
 
-def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict[str, Any]:
-    """One ``attention`` event: per role and rank, requested -> effective, observed kernel, forced, reasons."""
-    return {
-        "role": report["role"],
-        "rank": report["rank"],
-        "requested": report["requested"],
-        "source": predicted.source,
-        "predicted": predicted.effective,
-        "effective": report["effective"],
-        "config_attn_implementation": report["config_attn_implementation"],
-        "kernel_source": report.get("kernel_source"),  # where a FlashAttention kernel came from (package, Hub, NPU)
-        "observed": report["observed"],
-        "calls": report["calls"],
-        "wrappers": report.get("wrappers", {}),
-        "forced": report["forced"],
-        "fallback": report["fallback"],
-        "status": "forced" if report["forced"] else "fallback" if report["fallback"] else "ok",
-        "reasons": report["reasons"],
-        "strategy": report["strategy"],
-        "sp": report["sp"],
-        "output_attentions": report.get("output_attentions", False),  # the first forward asked for the weights
-        # kernel-level truth (``worker.engine.observe``): the SDPA backend that ran, why where it was math
-        "sdpa_backend": report.get("sdpa_backend"),
-        "sdpa_backend_reason": report.get("sdpa_backend_reason"),
-        "sdpa": report.get("sdpa", []),
-        "compute_dtype": report.get("compute_dtype"),  # forward/backward dtype (verl's fsdp_config.dtype)
-        "weights_dtype": report.get("weights_dtype"),  # the weights as held (master, or compute when frozen)
-    }
+def attention_payload(report: dict[str, Any], predicted: RoleResolution, **where: Any) -> dict[str, Any]:
+    """One ``attention`` event (``worker.core.attention_payload.AttentionPayload``): a rank's report with the
+    preview's prediction, the status, and ``where`` it ran (node, pid, attempt)."""
+    return AttentionPayload.of(report, source=predicted.source, predicted=predicted.effective,
+                               status=status_of(report["forced"], report["fallback"]), **where).as_dict()
 
 
 def fallback_payloads(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One ``fallback`` event per failed attempt that a later implementation replaced (``refused_by``: the rule
-    of the availability check that refused it before any load, when it did)."""
+    """One ``fallback`` event (``FallbackPayload``) per failed attempt that a later implementation replaced
+    (``refused_by``: the rule of the availability check that refused it before any load, when it did)."""
     out = []
     attempts = report["attempts"]
     for failed, nxt in itertools.pairwise(attempts):
         if failed["ok"]:
             continue
-        out.append({"role": report["role"], "rank": report["rank"], "from": failed["implementation"],
-                    "to": nxt["implementation"], "error": failed["error"], "diagnosis": failed["diagnosis"],
-                    # refused by the rank's availability check (rule id) rather than by a real load
-                    **({"refused_by": failed["refused_by"]} if "refused_by" in failed else {})})
+        refused = {"refused_by": failed["refused_by"]} if "refused_by" in failed else {}
+        out.append(_dumped(FallbackPayload(role=report["role"], rank=report["rank"], from_=failed["implementation"],
+                                           to=nxt["implementation"], error=failed["error"],
+                                           diagnosis=failed["diagnosis"], **refused)))
     return out
 
 
 def mismatches(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """Disagreements between the preview, the loaded config and the observed kernel, one payload each."""
+    """Disagreements between the preview, the loaded config and the observed kernel, one
+    ``AttentionMismatchPayload`` each."""
     out = []
-    effective = payload["effective"]
+    role, rank, effective = payload["role"], payload["rank"], payload["effective"]
     if payload["predicted"] is not None and payload["predicted"] != effective:
-        out.append({"role": payload["role"], "rank": payload["rank"], "what": "resolution-vs-loaded",
-                    "expected": payload["predicted"], "actual": effective,
-                    "message": f"[{payload['role']}] the preview predicted {payload['predicted']}, "
-                               f"but rank {payload['rank']} loaded {effective}"})
+        out.append(_dumped(AttentionMismatchPayload(
+            role=role, rank=rank, what="resolution-vs-loaded", expected=payload["predicted"], actual=effective,
+            message=f"[{role}] the preview predicted {payload['predicted']}, but rank {rank} loaded {effective}")))
     observed = payload["observed"]
     if observed is None or base_of(observed) != base_of(effective):
-        out.append({"role": payload["role"], "rank": payload["rank"], "what": "loaded-vs-observed",
-                    "expected": effective, "actual": observed, "calls": payload["calls"],
-                    "message": f"[{payload['role']}] rank {payload['rank']} loaded {effective}, but the first forward "
-                               f"called {observed or 'no attention function'} ({payload['calls']})"})
+        out.append(_dumped(AttentionMismatchPayload(
+            role=role, rank=rank, what="loaded-vs-observed", expected=effective, actual=observed, calls=payload["calls"],
+            message=f"[{role}] rank {rank} loaded {effective}, but the first forward called "
+                    f"{observed or 'no attention function'} ({payload['calls']})")))
     return out
+
+
+def _dumped(model: BaseModel) -> dict[str, Any]:
+    """A payload model as the event's JSON payload: the fields given, by their wire names (``from``)."""
+    return model.model_dump(mode="json", by_alias=True, exclude_unset=True)

@@ -13,10 +13,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from worker.core.devices import ENGINE_DEVICES
+from worker.core.environment import PROBE_FIELDS
+
 PROBED_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flex_attention")
-ENVIRONMENT_KEYS = ("device", "compute_capability", "gpu_name", "torch_version", "transformers_version",
-                    "flash_attn_version", "flash_attn_3_version", "kernels_installed", "cuda_version", "driver_version",
-                    "kernels_version", "sdpa_backends", "hub_reachable")
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math")
 
 
@@ -149,7 +149,7 @@ def probe_environment(model_folder: str | Path | None = None) -> dict[str, Any]:
     import transformers
 
     facts = _device_facts()
-    backends = sdpa_backends(facts["device"]) if facts["device"] in ("cpu", "cuda") else {}
+    backends = sdpa_backends(facts["device"]) if facts["device"] in ENGINE_DEVICES else {}
     out: dict[str, Any] = {
         "torch_version": torch.__version__.split("+", 1)[0],
         "transformers_version": transformers.__version__,
@@ -172,7 +172,7 @@ def probe_environment(model_folder: str | Path | None = None) -> dict[str, Any]:
 
 def environment_fields(probe: dict[str, Any], name: str = "probe") -> dict[str, Any]:
     """The subset of a probe that ``Environment.from_dict`` takes."""
-    return {"name": name, **{k: probe.get(k) for k in ENVIRONMENT_KEYS}}
+    return {"name": name, **{k: probe.get(k) for k in PROBE_FIELDS}}
 
 
 def probe_on_ray(model_folder: str | Path | None = None, *, num_gpus: float = 0, timeout_s: float = 300) -> dict[str, Any]:

@@ -23,13 +23,13 @@ import torch
 import torch.distributed as dist
 
 from worker.attention.availability import Context, Unavailable, unavailable
+from worker.core.attention_payload import AttentionPayload
 from worker.core.environment import Environment
+from worker.core.roles import Role
 from worker.engine import compute, models, ulysses
 from worker.engine.dispatch import Dispatch, Mesh, register
 from worker.engine.observe import kernel_source, observe_attention
-from worker.troubleshoot.classify import EnvFacts, ErrorInfo, classify
-
-ROLES_LOADED = ("actor", "reference", "critic")
+from worker.troubleshoot.classify import ErrorInfo, classify
 
 
 @dataclass
@@ -305,7 +305,7 @@ class RankWorker:
 
     def _load_role(self, p: RolePlan, plan: LoadPlan) -> _Loaded:
         attempts: list[dict[str, Any]] = []
-        facts = EnvFacts.of(plan.env)
+        facts = Environment.from_dict(plan.env)
         for impl in p.candidates:
             refused = load_refusal(impl, p, plan.env)
             if refused is not None:  # recorded and classified exactly as the real failure would be
@@ -338,16 +338,15 @@ class RankWorker:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             wrapped, optimizer = self._shard(module, p)
             group = self.sp_groups.get(p.sp, compute.NO_SP)
-            report = {
-                "role": p.role, "rank": self.rank, "requested": p.requested, "effective": impl,
-                "config_attn_implementation": module.config._attn_implementation,
-                "kernel_source": kernel_source(impl, module.config._attn_implementation, str(self.device)),
-                **seen, "compute_dtype": p.compute_dtype, "weights_dtype": p.weights_dtype,
-                "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
-                "attempts": attempts, "strategy": p.strategy, "sp": p.sp,
-                "gradient_checkpointing": bool(p.trained and p.gradient_checkpointing),
-                "output_attentions": p.output_attentions,
-            }
+            attention = AttentionPayload(
+                role=p.role, rank=self.rank, requested=p.requested, effective=impl,
+                config_attn_implementation=module.config._attn_implementation,
+                kernel_source=kernel_source(impl, module.config._attn_implementation, str(self.device)),
+                **seen, compute_dtype=p.compute_dtype, weights_dtype=p.weights_dtype,
+                forced=p.forced, fallback=impl != p.candidates[0], reasons=p.reasons, strategy=p.strategy, sp=p.sp,
+                gradient_checkpointing=bool(p.trained and p.gradient_checkpointing), output_attentions=p.output_attentions,
+            )
+            report = {**attention.as_dict(), "attempts": attempts}  # what the controller turns into events
             scaler = compute.grad_scaler(p.compute_dtype, self.device) if p.trained else None
             return _Loaded(wrapped, optimizer, group, Mesh(self.world, p.sp), p, report, scaler)
         raise RoleLoadError(p.role, attempts)
@@ -464,8 +463,9 @@ class RankWorker:
         if self.rollout_report is None:
             with observe_attention() as seen:
                 out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
-            self.rollout_report = {**actor.report, "role": "rollout", **seen.as_dict(), "compute_dtype": dtype,
-                                   "weights_dtype": dtype if model is self.rollout_copy else actor.plan.weights_dtype}
+            attention = AttentionPayload.of(actor.report, role=Role.rollout.value, **seen.as_dict(), compute_dtype=dtype,
+                                            weights_dtype=dtype if model is self.rollout_copy else actor.plan.weights_dtype)
+            self.rollout_report = {**attention.as_dict(), "attempts": actor.report["attempts"]}
         else:
             out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
         return self._to_cpu(out)

@@ -25,29 +25,20 @@ from typing import Any, Protocol
 
 import ray
 
-from worker.core.contract import NAMESPACE
+from worker.core.contract import NAMESPACE, rank_name
+from worker.core.devices import ENGINE_DEVICES, actor_options, rank_resources
 
 log = logging.getLogger("attnboard.engine.ranks")
 
 RESET_TIMEOUT_S = 30.0
-DEVICES = ("cpu", "cuda")
-
-
-def rank_name(run_id: str, rank: int) -> str:
-    """The name of a fresh rank actor; pooled ranks are unnamed (they belong to no run while warm)."""
-    return f"attnboard-run-{run_id}-rank{rank}"
-
-
-def rank_resources(device: str) -> dict[str, float]:
-    """What one rank asks Ray for: 1 CPU, plus 1 GPU off CPU."""
-    return {"num_cpus": 1} if device == "cpu" else {"num_cpus": 1, "num_gpus": 1}
 
 
 def start_rank(device: str, rank: int = 0, world: int = 1, run_id: str = "", **options: Any) -> Any:
-    """A new rank actor asking Ray for its resources (``rank_resources``); ``options`` add e.g. a name."""
+    """A new rank actor asking Ray for its resources (``worker.core.devices.rank_resources``); ``options`` add e.g.
+    a name."""
     from worker.engine.rank import RankWorker  # torch: imported where a rank starts, so the pool's users need none
 
-    return ray.remote(RankWorker).options(**rank_resources(device), max_restarts=0, **options).remote(
+    return ray.remote(RankWorker).options(**actor_options(device), max_restarts=0, **options).remote(
         rank, world, run_id, device)
 
 
@@ -103,8 +94,8 @@ class PoolSettings:
     def __post_init__(self) -> None:
         if self.target < 0:
             raise ValueError(f"warm ranks: {self.target} is negative; valid: 0 (no pool) or more")
-        if self.device not in DEVICES:
-            raise ValueError(f"warm rank device: {self.device!r} is not valid; valid: {', '.join(DEVICES)}")
+        if self.device not in ENGINE_DEVICES:
+            raise ValueError(f"warm rank device: {self.device!r} is not valid; valid: {', '.join(ENGINE_DEVICES)}")
 
 
 class RankPool:
@@ -174,8 +165,7 @@ class RankPool:
         with self._lock:
             out: dict[str, float] = {}
             for warm in self._idle:
-                for key, amount in rank_resources(warm.device).items():
-                    name = "CPU" if key == "num_cpus" else "GPU"
+                for name, amount in rank_resources(warm.device).items():
                     out[name] = out.get(name, 0.0) + amount
             return out
 
@@ -201,8 +191,7 @@ class RankPool:
                 return 0
             available = ray.available_resources()
             need = rank_resources(device)
-            fits = int(min(available.get("CPU", 0.0) // need["num_cpus"],
-                           available.get("GPU", 0.0) // need["num_gpus"] if "num_gpus" in need else missing))
+            fits = int(min(available.get(name, 0.0) // amount for name, amount in need.items()))
             started = max(0, min(missing, fits))
             self._idle += [_Warm(start_rank(device), device) for _ in range(started)]
         if started:

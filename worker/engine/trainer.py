@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from worker.attention.resolution import ModelSupport, resolve
+from worker.core.contract import ACTIVE
 from worker.core.environment import Environment
 from worker.engine import checkpoint, models
 from worker.engine import plan as planning
@@ -32,13 +33,13 @@ from worker.engine.ranks import FreshRanks, RankSource
 from worker.engine.ranks import kill as kill_rank
 from worker.engine.step import PPOStep
 from worker.spec import RunSpec, check_spec, spec_to_tree
-from worker.troubleshoot.classify import EnvFacts, ErrorInfo, classify
+from worker.troubleshoot.classify import ErrorInfo, classify
 
 CANCEL_BOUND_S = 15.0
 """A cancel ends the run within this: a controller still busy after the grace (and 5 s more) has its ranks
 killed, and one still stuck after that (e.g. in a read that never returns) is left behind with the run
 marked cancelled."""
-STATE_ORDER = (RunState.queued.value, RunState.starting.value, RunState.running.value)
+STATE_ORDER = ACTIVE  # queued -> starting -> running
 
 
 @dataclass
@@ -401,8 +402,8 @@ class Trainer:
         for payload in planning.fallback_payloads(report):
             self.log.emit(Kind.fallback, payload)
         where = self.placements[report["rank"]] if report["rank"] < len(self.placements) else {}
-        payload = {**planning.attention_payload(report, predicted), "node": where.get("node"),
-                   "pid": where.get("pid"), "attempt": self.restarts}
+        payload = planning.attention_payload(report, predicted, node=where.get("node"), pid=where.get("pid"),
+                                             attempt=self.restarts)
         self.log.emit(Kind.attention, payload)
         for mismatch in planning.mismatches(payload):
             self.log.emit(Kind.attention_mismatch, mismatch)
@@ -490,6 +491,6 @@ def _role_failure(exc: RankFailed, load, env: Environment) -> Exception:
         return RoleFailure({"message": f"[{cause.role}] rank {exc.rank}: {last['error']}", "role": cause.role,
                             "rank": exc.rank, "policy": load.policy, "attempts": cause.attempts,
                             "diagnosis": last.get("diagnosis")})
-    diagnosis = classify(ErrorInfo.from_traceback_text(exc.remote_traceback or exc.cause), EnvFacts.of(env))
+    diagnosis = classify(ErrorInfo.from_traceback_text(exc.remote_traceback or exc.cause), env)
     return RoleFailure({"message": str(exc), "role": None, "rank": exc.rank, "policy": load.policy, "attempts": [],
                         "diagnosis": diagnosis.as_dict()})

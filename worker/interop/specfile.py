@@ -11,7 +11,8 @@ from typing import Literal
 
 import yaml
 
-from worker.interop.verl import MAX_INPUT_BYTES, ImportResult, VerlImportError, import_command, import_yaml
+from worker.core.limits import MAX_INPUT_BYTES, utf8_size
+from worker.interop.verl import ImportResult, VerlImportError, import_command, import_yaml
 
 Format = Literal["cli", "yaml"]
 
@@ -37,7 +38,7 @@ def detect_format(text: str) -> Format:
 
 def load_spec_text(text: str, fmt: Literal["cli", "yaml", "auto"] = "auto") -> ImportResult:
     """Text -> ImportResult (spec, warnings, overrides); VerlImportError names the token and position."""
-    if len(text.encode("utf-8", errors="surrogatepass")) > MAX_INPUT_BYTES:
+    if utf8_size(text) > MAX_INPUT_BYTES:
         raise VerlImportError(f"spec text is larger than {MAX_INPUT_BYTES} bytes", text[:40], 0)
     chosen = detect_format(text) if fmt == "auto" else fmt
     return import_command(text) if chosen == "cli" else import_yaml(text)

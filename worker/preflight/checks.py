@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from worker.attention.resolution import Resolution, Status
+from worker.core.devices import run_resources
 from worker.core.environment import Environment
 from worker.spec import Issue, RunSpec
 from worker.spec.verl_defaults import VERL_DEFAULTS
@@ -34,17 +35,6 @@ RANKS_KEY = "trainer.n_gpus_per_node"
 NODES_KEY = "trainer.nnodes"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
 """``Qwen/Qwen2.5-0.5B-Instruct``: a Hugging Face Hub id, not a folder (a folder is absolute or starts with ~ or .)."""
-
-
-def rank_resources(nnodes: int, n_gpus_per_node: int, device: str) -> dict[str, float]:
-    """What a run's ranks ask Ray for in all: one rank per ``nnodes x n_gpus_per_node``, each 1 CPU, plus 1
-    GPU off CPU (the scheduler's ``Need`` and preflight's resource check).
-
-    >>> rank_resources(1, 8, "cuda")
-    {'CPU': 8, 'GPU': 8}
-    """
-    world = nnodes * n_gpus_per_node
-    return {"CPU": world} if device == "cpu" else {"CPU": world, "GPU": world}
 
 
 @dataclass(frozen=True)
@@ -138,7 +128,7 @@ def resource_findings(spec: RunSpec, device: str, total: Mapping[str, float] | N
     if total is None:
         return []
     nodes, per_node = spec.trainer.nnodes, spec.trainer.n_gpus_per_node
-    need = rank_resources(nodes, per_node, device)
+    need = run_resources(device, nodes * per_node)
     short = {k: v for k, v in need.items() if total.get(k, 0.0) < v}
     if not short:
         return []

@@ -458,19 +458,36 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     """``{"a.b": 1} -> {"a": {"b": 1}}``; nested dict values are merged, later keys win."""
     tree: dict[str, Any] = {}
     for dotted, value in flat.items():
-        parts = str(dotted).split(".")
-        node = tree
-        for part in parts[:-1]:
-            nxt = node.get(part)
-            if not isinstance(nxt, dict):
-                nxt = node[part] = {}
-            node = nxt
-        leaf = parts[-1]
-        if isinstance(value, dict) and isinstance(node.get(leaf), dict):
-            node[leaf] = _merge(node[leaf], value)
-        else:
-            node[leaf] = value
+        tree_set(tree, str(dotted), value, merge=True)
     return tree
+
+
+REMOVE: Any = type("Remove", (), {"__repr__": lambda self: "REMOVE"})()
+"""The value ``tree_set`` reads as "remove the key"."""
+
+
+def tree_set(tree: dict[str, Any], dotted: str, value: Any, *, merge: bool = False) -> None:
+    """The one dotted-key writer: set ``dotted`` in ``tree`` in place, making the dicts on the way (a value that
+    is not a dict on the way is replaced by one); ``REMOVE`` removes the key; ``merge`` merges a dict value
+    into a dict already there (later keys win).
+
+    >>> t = {"a": {"b": 1}}; tree_set(t, "a.c.d", 2); tree_set(t, "a.b", REMOVE); t
+    {'a': {'c': {'d': 2}}}
+    """
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    leaf = parts[-1]
+    if value is REMOVE:
+        node.pop(leaf, None)
+    elif merge and isinstance(value, dict) and isinstance(node.get(leaf), dict):
+        node[leaf] = _merge(node[leaf], value)
+    else:
+        node[leaf] = value
 
 
 def tree_get(tree: dict[str, Any], dotted: str) -> Any:

@@ -17,7 +17,7 @@ from tests.app.pages_support import (
     soup,
     stored_run,
 )
-from worker.interop.verl import MAX_INPUT_BYTES
+from worker.core.limits import MAX_INPUT_BYTES
 
 ATTN_KEYS = ("actor_rollout_ref.model.override_config.attn_implementation",
              "critic.model.override_config.attn_implementation")

@@ -68,3 +68,26 @@ def test_run_prints_json_events_and_saves_the_actor(tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in saved.iterdir()}
     model = AutoModelForCausalLM.from_pretrained(saved)
     assert model.config._attn_implementation == "sdpa" and AutoTokenizer.from_pretrained(saved).eos_token_id is not None
+
+
+def test_the_console_prints_the_summary_fields_of_every_role_and_rank_in_role_order(capsys):
+    """The standalone runner's table: one row per role and rank, the payload's SUMMARY_FIELDS as columns."""
+    import json
+    from pathlib import Path
+
+    from worker.__main__ import _Console
+    from worker.core.attention_payload import SUMMARY_FIELDS
+
+    events = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "engine_events.json").read_text())
+    console = _Console(as_json=False)
+    console.console.width = 400
+    for event in events["succeeded"]:
+        console(event)
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "requested" in line and "effective" in line)
+    bar = "┃" if "┃" in header else "│"
+    assert [c.replace("_", " ") for c in SUMMARY_FIELDS] == [c.strip() for c in header.strip("┃│ ").split(bar)]
+    rows = [line for line in out.splitlines() if "sdpa x" in line]
+    assert [r.split("│")[1].strip() for r in rows] == ["actor", "actor", "rollout", "rollout", "reference", "reference",
+                                                       "critic", "critic"]
+    assert all("flash_attention" in r and "float32" in r for r in rows)

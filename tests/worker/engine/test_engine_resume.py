@@ -22,6 +22,7 @@ import ray
 from tests.utils.checkpoints import assert_same_weights
 from tests.utils.checkpoints import full_weights as weights
 from tests.worker.engine.test_engine_runs import _finish, _processes_gone, _wait_for, of, states, tiny_spec
+from worker.core.events import validate_payload
 from worker.engine import checkpoint, launch_controller, run_spec
 from worker.engine.controller import run_actor_names
 from worker.engine.trainer import CANCEL_BOUND_S
@@ -99,6 +100,8 @@ def assert_restarted_once_from_step_2(events: list[dict], *, rank: int) -> dict:
     again = [a for a in of(events, "attention") if a["attempt"] == 1]
     assert {(a["role"], a["rank"]) for a in again} == {(r, k) for r in ("actor", "rollout", "reference", "critic")
                                                       for k in (0, 1)}
+    for event in events:  # every event of a restarted run, restart included, is its kind's payload model
+        validate_payload(event["kind"], event["payload"])
     assert all(a["node"] == "127.0.0.1" and a["pid"] in ups[1]["pids"] for a in again)
     return restart
 

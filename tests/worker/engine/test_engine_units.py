@@ -350,10 +350,12 @@ def test_pool_settings_name_the_bad_value(target, device, message):
 
 
 def test_each_rank_asks_ray_for_one_cpu_and_one_gpu_off_cpu():
-    from worker.engine.ranks import rank_resources
+    from worker.core.devices import actor_options, rank_resources, run_resources
 
-    assert rank_resources("cpu") == {"num_cpus": 1}
-    assert rank_resources("cuda") == {"num_cpus": 1, "num_gpus": 1}
+    assert actor_options("cpu") == {"num_cpus": 1}
+    assert actor_options("cuda") == {"num_cpus": 1, "num_gpus": 1}
+    assert rank_resources("cpu") == {"CPU": 1} and rank_resources("cuda") == {"CPU": 1, "GPU": 1}
+    assert run_resources("cuda", 4) == {"CPU": 4, "GPU": 4}
 
 
 def _tiny_llama(impl: str) -> LlamaForCausalLM:

@@ -8,9 +8,9 @@ import pytest
 import torch
 import transformers
 
-from worker.core.environment import Environment
+from worker.core.environment import PROBE_FIELDS, Environment
 from worker.engine import models
-from worker.engine.probe import ENVIRONMENT_KEYS, environment_fields, probe_environment
+from worker.engine.probe import environment_fields, probe_environment
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_a_probe_becomes_an_environment_for_the_resolution(probed):
     env = Environment.from_dict(environment_fields(probed, name="this-node"))
     assert env.name == "this-node" and env.device == "cpu" and not env.flash_attn_installed
     assert env.sdpa_backends == ("flash_attention", "math") and env.to_dict()["sdpa_backends"] == ["flash_attention", "math"]
-    assert set(environment_fields(probed)) == {"name", *ENVIRONMENT_KEYS}
+    assert set(environment_fields(probed)) == {"name", *PROBE_FIELDS}
 
 
 def test_without_a_folder_there_is_no_implementation_table():

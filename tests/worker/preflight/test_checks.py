@@ -6,7 +6,7 @@ import pytest
 
 from worker.attention.preview import preview
 from worker.core.environment import PROFILES
-from worker.preflight import Facts, adapt_patch, preflight, rank_resources, resource_findings
+from worker.preflight import Facts, adapt_patch, preflight, resource_findings
 from worker.spec import RunSpec, parse_spec, validate_spec
 from worker.spec.presets import TINY_CPU, tiny_cpu_spec
 
@@ -55,11 +55,6 @@ def test_resources_the_cluster_can_never_offer(nodes, per_node, device, total, k
     assert [(f.key, f.suggested, f.kind, f.blocking) for f in found] == [(key, suggested, "resources", True)]
     assert "more than the cluster has in all" in found[0].problem
     assert resource_findings(spec, device, None) == []  # unknown cluster: no finding
-
-
-def test_rank_resources():
-    assert rank_resources(2, 4, "cpu") == {"CPU": 8}
-    assert rank_resources(1, 2, "npu") == {"CPU": 2, "GPU": 2}
 
 
 def test_device_against_the_target():

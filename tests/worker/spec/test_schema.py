@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from worker.spec import (
+    REMOVE,
     SP_PADDING_MESSAGE,
     SPEC_KEYS,
     TURBO_CONFLICT_MESSAGE,
@@ -19,6 +20,8 @@ from worker.spec import (
     parse_spec,
     spec_to_flat,
     spec_to_tree,
+    tree_get,
+    tree_set,
     unflatten,
     validate_spec,
 )
@@ -227,3 +230,17 @@ def test_unknown_keys_are_capped_per_spec(where):
     assert issues[-1].message.startswith(f"{1_900 - MAX_UNKNOWN_KEYS} more unknown keys are not listed")
     hinted = [i for i in issues if "did you mean" in i.message]
     assert 1 <= len(hinted) <= MAX_SUGGESTED_KEYS
+
+
+@pytest.mark.parametrize("tree,dotted,value,merge,expected", [
+    ({}, "a.b.c", 1, False, {"a": {"b": {"c": 1}}}),
+    ({"a": 5}, "a.b", 1, False, {"a": {"b": 1}}),  # a value on the way is replaced by a dict
+    ({"a": {"b": 1, "c": 2}}, "a.b", REMOVE, False, {"a": {"c": 2}}),
+    ({"a": {"b": {"x": 1}}}, "a.b", {"y": 2}, True, {"a": {"b": {"x": 1, "y": 2}}}),
+    ({"a": {"b": {"x": 1}}}, "a.b", {"y": 2}, False, {"a": {"b": {"y": 2}}}),
+])
+def test_tree_set_is_the_one_dotted_key_writer(tree, dotted, value, merge, expected):
+    tree_set(tree, dotted, value, merge=merge)
+    assert tree == expected
+    if value is not REMOVE:
+        assert tree_get(tree, dotted) == (expected_leaf := tree_get(expected, dotted)) and expected_leaf is not None

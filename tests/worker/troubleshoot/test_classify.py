@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.attention import messages
+from worker.core.environment import Environment
 from worker.spec import TURBO_CONFLICT_MESSAGE
 from worker.troubleshoot.classify import (
     ACTOR_SP_KEY,
@@ -19,7 +20,6 @@ from worker.troubleshoot.classify import (
     RULES,
     Category,
     Diagnosis,
-    EnvFacts,
     ErrorInfo,
     Step,
     attn_patch,
@@ -205,6 +205,13 @@ MESSAGES = [
 ]
 
 
+def node(device: str, compute_capability: tuple[int, int] | None = None, flash_attn_version: str | None = None,
+         transformers_version: str = "5.24.0", kernels_installed: bool = False, **more) -> Environment:
+    """A node as the classifier reads it: the one ``Environment``."""
+    return Environment("node", device, compute_capability, flash_attn_version=flash_attn_version,
+                       transformers_version=transformers_version, kernels_installed=kernels_installed, **more)
+
+
 @pytest.mark.parametrize("exc_type,message,category,impl", [m[1:] for m in MESSAGES], ids=[m[0] for m in MESSAGES])
 def test_message_table(exc_type, message, category, impl):
     diagnosis = classify(ErrorInfo(exc_type, message))
@@ -356,7 +363,7 @@ def test_remedy_patch_per_role(role, keys):
 
 
 def test_unknown_role_names_the_valid_ones():
-    with pytest.raises(ValueError, match=r"role='policy' is not a role; valid: actor, rollout, reference, ref, critic"):
+    with pytest.raises(ValueError, match=r"role='policy' is not a role; valid: actor, rollout, reference, critic, ref"):
         classify(FA2_MISSING, role="policy")
 
 
@@ -404,21 +411,21 @@ def test_flash_attn_dtype_remedy_sets_the_roles_compute_dtype(role, keys):
 
 
 # The next implementation of the one fallback chain that the node can run, given what the error taught.
-H100_FA2 = EnvFacts("cuda", (9, 0), flash_attn_version="2.8.3")
-A100_FA2 = EnvFacts("cuda", (8, 0), flash_attn_version="2.8.3")
+H100_FA2 = node("cuda", (9, 0), flash_attn_version="2.8.3")
+A100_FA2 = node("cuda", (8, 0), flash_attn_version="2.8.3")
 
 
 @pytest.mark.parametrize("error,env,target", [
     (ErrorInfo("ImportError", f"{PREFACE3} the package for FlashAttention3 doesn't seem to be installed."), H100_FA2,
      "flash_attention_2"),  # fa3 -> fa2, which this H100 runs
     (ErrorInfo("ImportError", f"{PREFACE3} the package for FlashAttention3 doesn't seem to be installed."),
-     EnvFacts("cuda", (9, 0)), "sdpa"),  # no flash-attn either
+     node("cuda", (9, 0)), "sdpa"),  # no flash-attn either
     (ErrorInfo("ImportError", "FlashAttention3 has been toggled on, but it cannot be used due to the following error: "
                               "FlashAttention3 requires compute capability >= 9, but found (8, 0) with compute "
-                              "capability 8.x"), EnvFacts("cuda", (8, 0), flash_attn_version="2.8.3"), "flash_attention_2"),
+                              "capability 8.x"), node("cuda", (8, 0), flash_attn_version="2.8.3"), "flash_attention_2"),
     (ErrorInfo("ValueError", f"BertModel does not support Flash Attention 3 yet.{HUB_PAGE}"), H100_FA2, "sdpa"),  # one flag
     (ErrorInfo("ValueError", messages.ulysses_kernel("flash_attention_3")), H100_FA2, "sdpa"),  # fa2 is not wrapped
-    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), EnvFacts("cpu"), "sdpa"),  # fa2 cannot run on this CPU
+    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), node("cpu"), "sdpa"),  # fa2 cannot run on this CPU
     (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), A100_FA2, "flash_attention_2"),
     (ErrorInfo("UserWarning", "Flash Attention does not support `output_attentions=True`."), A100_FA2, "eager"),
     (ErrorInfo("RuntimeError", "This flash attention build does not support headdim not being a multiple of 32."),
@@ -444,9 +451,9 @@ def test_hydra_sentence_gives_the_corrected_argument():
 
 @pytest.mark.parametrize("env,target", [
     (None, "flash_attention_2"),  # the seed starts from the default
-    (EnvFacts("cpu"), "sdpa"),  # flash_attention_2 cannot load here: the best the node can run
-    (EnvFacts("cuda", (7, 5)), "sdpa"),
-    (EnvFacts("cuda", (8, 0), flash_attn_version="2.8.3"), "flash_attention_2"),
+    (node("cpu"), "sdpa"),  # flash_attention_2 cannot load here: the best the node can run
+    (node("cuda", (7, 5)), "sdpa"),
+    (node("cuda", (8, 0), flash_attn_version="2.8.3"), "flash_attention_2"),
 ])
 def test_unknown_name_suggests_what_was_meant_or_what_can_run(env, target):
     diagnosis = classify(ErrorInfo("ValueError", UNKNOWN_5X), env, role="critic")
@@ -457,14 +464,14 @@ def test_unknown_name_suggests_what_was_meant_or_what_can_run(env, target):
 def test_unknown_name_keeps_to_the_names_the_model_lists():
     message = ('Specified `attn_implementation="sdpaa"` is not supported. The only possible arguments are '
                '`attn_implementation="eager"`, `"paged|eager"`, `"attn_implementation=flash_attention_2"`.')
-    diagnosis = classify(ErrorInfo("ValueError", message), EnvFacts("cpu"), role="actor")
+    diagnosis = classify(ErrorInfo("ValueError", message), node("cpu"), role="actor")
     assert diagnosis.remedy.patch == {ACTOR_KEY: "eager"}  # sdpa was meant but this model does not offer it
 
 
 @pytest.mark.parametrize("env,phrase", [
     (None, "pip install flash-attn"),
-    (EnvFacts("cpu"), "this machine cannot run it either"),
-    (EnvFacts("cuda", (7, 5)), "compute capability 7.5"),
+    (node("cpu"), "this machine cannot run it either"),
+    (node("cuda", (7, 5)), "compute capability 7.5"),
 ])
 def test_not_installed_sentence_uses_the_environment(env, phrase):
     assert phrase in classify(FA2_MISSING, env).remedy.sentence
@@ -472,8 +479,8 @@ def test_not_installed_sentence_uses_the_environment(env, phrase):
 
 def test_output_attentions_sentence_follows_the_transformers_version():
     error = ErrorInfo("UserWarning", "`sdpa` attention does not support `output_attentions=True`.")
-    assert "5.x returns none" in classify(error, EnvFacts("cpu")).remedy.sentence
-    assert "4.x falls back" in classify(error, EnvFacts("cpu", transformers_version="4.57.1")).remedy.sentence
+    assert "5.x returns none" in classify(error, node("cpu")).remedy.sentence
+    assert "4.x falls back" in classify(error, node("cpu", transformers_version="4.57.1")).remedy.sentence
 
 
 def test_other_reads_the_error():
@@ -511,10 +518,10 @@ def test_every_category_has_a_step():
 # --------------------------------------------------------------------------------------------
 # Back to the fast path
 
-A100_FA = EnvFacts("cuda", (8, 0), flash_attn_version="2.8.3")
-H100_FA = EnvFacts("cuda", (9, 0), flash_attn_version="2.8.3")
-T4_FA = EnvFacts("cuda", (7, 5), flash_attn_version="2.8.3")
-CPU = EnvFacts("cpu")
+A100_FA = node("cuda", (8, 0), flash_attn_version="2.8.3")
+H100_FA = node("cuda", (9, 0), flash_attn_version="2.8.3")
+T4_FA = node("cuda", (7, 5), flash_attn_version="2.8.3")
+CPU = node("cpu")
 
 # (id, error, env at classification, later env, expected implementation to return to or None)
 FAST_PATH = [
@@ -522,13 +529,13 @@ FAST_PATH = [
     ("missing-still-on-t4", FA2_MISSING, None, T4_FA, None),
     ("missing-still-on-cpu", FA2_MISSING, None, CPU, None),
     ("old-still-old", ErrorInfo("ImportError", f"{PREFACE2} FlashAttention2 requires at least version `2.3.3`."),
-     None, EnvFacts("cuda", (8, 0), flash_attn_version="2.3.2"), None),
+     None, node("cuda", (8, 0), flash_attn_version="2.3.2"), None),
     ("old-upgraded", ErrorInfo("ImportError", f"{PREFACE2} FlashAttention2 requires at least version `2.3.3`."),
      None, A100_FA, "flash_attention_2"),
     ("abi-same-build", ErrorInfo("ImportError", "flash_attn_2_cuda.so: undefined symbol: _ZN3c10"),
-     EnvFacts("cuda", (8, 0), flash_attn_version="2.5.0"), EnvFacts("cuda", (8, 0), flash_attn_version="2.5.0"), None),
+     node("cuda", (8, 0), flash_attn_version="2.5.0"), node("cuda", (8, 0), flash_attn_version="2.5.0"), None),
     ("abi-reinstalled", ErrorInfo("ImportError", "flash_attn_2_cuda.so: undefined symbol: _ZN3c10"),
-     EnvFacts("cuda", (8, 0), flash_attn_version="2.5.0"), A100_FA, "flash_attention_2"),
+     node("cuda", (8, 0), flash_attn_version="2.5.0"), A100_FA, "flash_attention_2"),
     ("cpu-now-gpu", ErrorInfo("ImportError", f"{PREFACE2} FlashAttention2 is not available on CPU."), None, A100_FA,
      "flash_attention_2"),
     ("t4-still-t4", ErrorInfo("RuntimeError", "FlashAttention only supports Ampere GPUs or newer."), None, T4_FA, None),
@@ -539,7 +546,7 @@ FAST_PATH = [
     ("fa4-on-h100", ErrorInfo("ImportError", "FlashAttention4 requires compute capability >= 9, but found (8, 0)"),
      None, H100_FA, "flash_attention_4"),
     ("kernels-installed", ErrorInfo.from_traceback_text((FIXTURES / "hub_kernel_without_kernels.txt").read_text()),
-     None, EnvFacts("cuda", (8, 0), kernels_installed=True), "kernels-community/flash-attn"),
+     None, node("cuda", (8, 0), kernels_installed=True), "kernels-community/flash-attn"),
     ("flex-on-gpu", ErrorInfo("NotImplementedError", "FlexAttention does not support backward on CPU."), None,
      A100_FA, "flex_attention"),
     ("flex-still-cpu", ErrorInfo("NotImplementedError", "FlexAttention does not support backward on CPU."), None,
@@ -583,17 +590,17 @@ def test_diagnosis_round_trips_through_json():
     assert suggest_return_to_fast_path(again, A100_FA) == suggest_return_to_fast_path(diagnosis, A100_FA)
 
 
-def test_env_facts_adapt_a_probe_and_name_bad_fields():
-    facts = EnvFacts.of({"name": "probe", "device": "cuda", "compute_capability": [8, 6],
-                         "flash_attn_version": "2.8.3", "torch_version": "2.13.0"})
-    assert facts == EnvFacts("cuda", (8, 6), flash_attn_version="2.8.3")
-    with pytest.raises(ValueError, match=r"EnvFacts.device: 'tpu' is not valid; valid: cpu, cuda, npu"):
-        EnvFacts("tpu")
-    with pytest.raises(ValueError, match=r"EnvFacts.compute_capability: \(8,\) must be"):
-        EnvFacts("cuda", (8,))
+def test_the_classifier_reads_a_probe_as_an_environment_and_names_bad_fields():
+    facts = Environment.from_probe({"name": "probe", "device": "cuda", "compute_capability": [8, 6],
+                                    "flash_attn_version": "2.8.3", "torch_version": "2.13.0", "rank": 0})
+    assert facts == Environment("probe", "cuda", (8, 6), flash_attn_version="2.8.3")
+    with pytest.raises(ValueError, match=r"environment.device: 'tpu' is not valid; valid: cpu, cuda, npu"):
+        Environment.from_probe({"device": "tpu"})
+    with pytest.raises(ValueError, match=r"environment.compute_capability: \(8,\) must be"):
+        Environment.from_probe({"device": "cuda", "compute_capability": (8,)})
 
 
-def test_env_facts_adapt_an_object_with_the_same_fields():
+def test_an_object_with_the_same_fields_reads_as_an_environment():
     class Probe:
         device = "npu"
         compute_capability = None
@@ -601,7 +608,20 @@ def test_env_facts_adapt_an_object_with_the_same_fields():
         transformers_version = "4.57.1"
         kernels_installed = True
 
-    assert EnvFacts.of(Probe()) == EnvFacts("npu", None, None, "4.57.1", True)
+    assert Environment.from_probe(Probe()) == Environment("probe", "npu", None, transformers_version="4.57.1",
+                                                          kernels_installed=True)
+
+
+def test_flash_attention_3_installed_is_known_to_the_remedy():
+    """The classifier works over the one Environment: a node with FlashAttention 3 installed runs it, so a
+    typo meaning fa3 is remedied with flash_attention_3 there, and with the next of the chain where it is not."""
+    error = ErrorInfo("ValueError", 'Specified `attn_implementation="fa3"` is not supported. The only possible '
+                                    'arguments are `attn_implementation="eager"`, `"sdpa"`, `"flash_attention_2"`, '
+                                    '`"flash_attention_3"`')
+    with_fa3 = node("cuda", (9, 0), flash_attn_version="2.8.3", flash_attn_3_version="3.0.0b1")
+    assert classify(error, with_fa3, role="actor").remedy.patch == {ACTOR_KEY: "flash_attention_3"}
+    without = node("cuda", (9, 0), flash_attn_version="2.8.3")
+    assert classify(error, without, role="actor").remedy.patch == {ACTOR_KEY: "flash_attention_2"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -662,7 +682,7 @@ def test_noise_in_the_traceback_changes_nothing(row, noise, role):
 @given(cc=st.tuples(st.integers(0, 12), st.integers(0, 9)), fa=st.one_of(st.none(), st.sampled_from(["2.0.4", "2.3.3", "2.8.3"])),
        kernels=st.booleans(), device=st.sampled_from(["cpu", "cuda", "npu"]))
 def test_suggestion_only_when_every_condition_holds(cc, fa, kernels, device):
-    env = EnvFacts(device, cc if device == "cuda" else None, fa, kernels_installed=kernels)
+    env = node(device, cc if device == "cuda" else None, fa, kernels_installed=kernels)
     for row in MESSAGES:
         diagnosis = classify(ErrorInfo(row[1], row[2]))
         suggestion = suggest_return_to_fast_path(diagnosis, env)
@@ -680,16 +700,16 @@ def test_a_flash_attn_import_error_after_a_failed_hub_fetch_names_the_hub():
         "files in the disk cache and outgoing traffic has been disabled. To enable hf.co look-ups and downloads "
         "online, set 'local_files_only' to False.\n\nDuring handling of the above exception, another exception "
         f"occurred:\n\nImportError: {message}\n"))
-    hub = classify(offline, EnvFacts("cuda", (9, 0), kernels_installed=True), role="actor")
+    hub = classify(offline, node("cuda", (9, 0), kernels_installed=True), role="actor")
     assert hub.category is Category.flash_attn_not_installed
     assert hub.summary == "flash_attention_2: flash-attn missing and the Hub kernel kernels-community/flash-attn2 unreachable"
     assert "HF_HUB_OFFLINE=1" in hub.remedy.sentence and hub.remedy.patch
-    plain = classify(ErrorInfo("ImportError", message), EnvFacts("cuda", (9, 0)), role="actor")
+    plain = classify(ErrorInfo("ImportError", message), node("cuda", (9, 0)), role="actor")
     assert plain.category is Category.flash_attn_not_installed and "Hub" not in plain.summary
 
 
 def test_the_4x_message_naming_huggingface_docs_is_not_the_hub_case():
     message = messages.flash_attn_not_installed(2, 4)  # "... refer to the documentation of https://huggingface.co/..."
     diagnosis = classify(ErrorInfo("ImportError", message, f"Traceback ...\nImportError: {message}\n"),
-                         EnvFacts("cuda", (8, 0)), role="actor")
+                         node("cuda", (8, 0)), role="actor")
     assert diagnosis.category is Category.flash_attn_not_installed and "Hub" not in diagnosis.summary

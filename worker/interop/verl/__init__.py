@@ -25,6 +25,7 @@ script), ``hydra`` (the override grammar and interpolations), ``apply`` (overrid
 ``yaml_config`` (YAML in), ``export`` (command line and YAML out).
 """
 
+from worker.core.limits import MAX_INPUT_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
 from worker.interop.verl.apply import KEPT_INTERPOLATIONS
 from worker.interop.verl.command import import_command
 from worker.interop.verl.export import export_command, export_yaml
@@ -36,10 +37,7 @@ from worker.interop.verl.results import (
     DEFAULT_ENTRYPOINT,
     ENTRY_MESSAGE,
     HF_ROLLOUT_WARNING,
-    MAX_INPUT_BYTES,
     MAX_INTERPOLATION_DEPTH,
-    MAX_YAML_DEPTH,
-    MAX_YAML_NODES,
     MEGATRON_MESSAGE,
     NO_COMMAND_MESSAGE,
     ExportResult,

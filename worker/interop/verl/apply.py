@@ -10,12 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from worker.core import yaml_guard
+from worker.core.limits import MAX_INPUT_BYTES
 from worker.interop.shell import Word
 from worker.interop.verl.hydra import STRATEGY_KEYS, Interpolation, Override, decode_omegaconf, parse_hydra_value
 from worker.interop.verl.results import (
     CRITIC_ATTN_WARNING,
     HF_ROLLOUT_WARNING,
-    MAX_INPUT_BYTES,
     MAX_INTERPOLATION_DEPTH,
     MEGATRON_MESSAGE,
     ImportResult,
@@ -397,8 +398,8 @@ def _word_for(state: _State, field_name: str) -> Word | None:
 
 
 def _check_size(text: str) -> None:
-    size = len(text.encode("utf-8", errors="replace"))
-    if size > MAX_INPUT_BYTES:
-        raise VerlImportError(f"input is {size} bytes; the limit is {MAX_INPUT_BYTES} bytes",
-                              text[MAX_INPUT_BYTES - 20 : MAX_INPUT_BYTES], MAX_INPUT_BYTES)
+    try:
+        yaml_guard.check_size(text)
+    except yaml_guard.InputTooLarge as exc:
+        raise VerlImportError(str(exc), text[MAX_INPUT_BYTES - 20 : MAX_INPUT_BYTES], MAX_INPUT_BYTES) from None
 

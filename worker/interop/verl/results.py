@@ -10,11 +10,6 @@ from worker.spec import (
     RunSpec,
 )
 
-MAX_INPUT_BYTES = 1_000_000
-"""Largest command line or YAML document accepted."""
-MAX_YAML_NODES = 20_000
-"""Largest YAML document, counted in values after aliases are expanded (billion-laughs guard)."""
-MAX_YAML_DEPTH = 64
 MAX_INTERPOLATION_DEPTH = 10
 
 DEFAULT_ENTRYPOINT = "python3 -m verl.trainer.main_ppo"

@@ -7,10 +7,11 @@ from typing import Any
 
 import yaml
 
+from worker.core import yaml_guard
 from worker.interop.shell import Word
 from worker.interop.verl.apply import _apply, _check_size, _finish, _State
 from worker.interop.verl.hydra import Override, decode_omegaconf
-from worker.interop.verl.results import _VERL_SEARCHPATH, MAX_YAML_DEPTH, MAX_YAML_NODES, ImportResult, VerlImportError, _word_end
+from worker.interop.verl.results import _VERL_SEARCHPATH, ImportResult, VerlImportError, _word_end
 from worker.spec.engines import MODEL_ENGINE_KEY
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -18,45 +19,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ``blocks.{*}``) is one value."""
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """safe_load with limits: nesting depth while composing, and the number of values after
-    aliases are expanded (an alias bomb composes to a few nodes and expands to billions)."""
-
-    def __init__(self, stream: str):
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self._depth += 1
-        if self._depth > MAX_YAML_DEPTH:
-            mark = self.peek_event().start_mark
-            raise yaml.YAMLError(f"YAML nests deeper than {MAX_YAML_DEPTH} levels at character {mark.index}")
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int]) -> int:
-    ident = id(node)
-    if ident in memo:
-        return memo[ident]
-    if ident in active:
-        raise yaml.YAMLError("YAML aliases form a cycle")
-    active.add(ident)
-    size = 1
-    if isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(child, memo, active) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, memo, active) + _expanded_size(v, memo, active) for k, v in node.value)
-    active.discard(ident)
-    memo[ident] = size
-    if size > MAX_YAML_NODES:
-        raise yaml.YAMLError(f"YAML expands to more than {MAX_YAML_NODES} values (an alias bomb?)")
-    return size
-
-
-def _yaml_overrides(node: yaml.Node, loader: _BoundedLoader, text: str, prefix: str = "") -> list[Override]:
+def _yaml_overrides(node: yaml.Node, loader: yaml_guard.BoundedLoader, text: str, prefix: str = "") -> list[Override]:
     """Leaves of a composed mapping as ``set`` overrides carrying each key's position."""
     out: list[Override] = []
     for key_node, value_node in node.value:
@@ -100,11 +63,8 @@ def _decode_tree(value: Any) -> Any:
 def import_yaml(text: str) -> ImportResult:
     """A verl YAML config (nested keys, as in the seed's example) -> a spec and its warnings."""
     _check_size(text)
-    loader = _BoundedLoader(text)
     try:
-        root = loader.get_single_node()
-        if root is not None:
-            _expanded_size(root, {}, set())
+        root, loader = yaml_guard.compose(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         index = mark.index if mark else 0
@@ -114,8 +74,7 @@ def import_yaml(text: str) -> ImportResult:
         raise VerlImportError(str(exc), text[:40], 0) from None
     except RecursionError:
         raise VerlImportError("YAML nests too deeply", text[:40], 0) from None
-    finally:
-        loader.dispose()
+    loader.dispose()  # as safe_load does; constructing from the composed nodes still works
     state = _State()
     if root is None:
         return _finish(state, text)
