@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, computed_field, model_validator
 from pydantic_core import PydanticCustomError
-from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint, false
 from sqlmodel import Field, SQLModel
 
 from worker.core.contract import TERMINAL, Kind, RunState
@@ -268,6 +268,8 @@ class Run(RunBase, table=True):
     ray_job: str | None = Field(default=None, max_length=NAME_MAX, nullable=True)
     restarts: int = Field(default=0, nullable=False, sa_column_kwargs={"server_default": "0"},
                           description="Times the run restarted after a rank or its engine host died.")
+    archived: bool = Field(default=False, nullable=False, sa_column_kwargs={"server_default": false()},
+                           description="Put away: hidden from the runs list unless archived runs are asked for.")
 
 
 class Progress(BaseModel):

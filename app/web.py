@@ -34,13 +34,14 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 
-# What each badge says beside its colour, so status never depends on colour alone.
+# What each badge says beside its colour, so status never depends on colour alone: plain words, the
+# rule ids (override, fallback-step) stay in the reasons.
 BADGE_TEXT = {
-    "default": "default",
-    "override": "override",
+    "default": "verl's default",
+    "override": "as asked",
     "ok": "ok",
     "forced": "forced",
-    "fallback": "fallback",
+    "fallback": "fell back",
     "error": "error",
     "queued": "queued",
     "starting": "starting",
@@ -49,8 +50,41 @@ BADGE_TEXT = {
     "failed": "failed",
     "cancelled": "cancelled",
 }
+# A role's badge, said in a sentence (the badge's title).
+BADGE_HELP = {
+    "default": "nothing was asked: verl's default implementation",
+    "override": "the implementation the spec asks for is the one that runs",
+    "forced": "the strategy runs another implementation than the one asked for",
+    "fallback": "the implementation asked for could not load; the next one in the fallback chain runs",
+    "error": "no implementation of this role can load",
+}
 BADGE_ICON = {"forced": "!", "fallback": "↓", "error": "✕", "failed": "✕", "succeeded": "✓", "running": "●",
               "cancelled": "–", "queued": "…", "starting": "…"}
+
+
+# A troubleshooting category (worker.troubleshoot.classify.Category) in words.
+CATEGORY_WORDS = {
+    "flash_attn_not_installed": "flash-attn not installed",
+    "flash_attn_version": "flash-attn too old or built for another torch",
+    "flash_attn_dtype": "FlashAttention in fp32",
+    "unsupported_hardware": "GPU too old",
+    "not_on_cpu": "needs a GPU",
+    "architecture_unsupported": "model lacks this attention",
+    "head_dim": "head size outside the kernel's limits",
+    "forced_by_engine": "forced by the strategy",
+    "unknown_implementation": "unknown implementation",
+    "kernels_missing": "kernels package missing",
+    "hydra_plus_override": "verl key needs +",
+    "out_of_memory": "out of memory",
+    "flex_backward_cpu": "flex attention cannot train on CPU",
+    "output_attentions_unsupported": "output_attentions needs eager",
+    "other": "other",
+}
+
+
+def category_words(category: str | None) -> str:
+    """``flash_attn_not_installed`` -> ``flash-attn not installed`` (an unknown one with spaces for _)."""
+    return CATEGORY_WORDS.get(category or "other", (category or "other").replace("_", " "))
 
 
 def badge(kind: str | None, text: str | None = None) -> Markup:
@@ -59,8 +93,9 @@ def badge(kind: str | None, text: str | None = None) -> Markup:
     label = text if text is not None else BADGE_TEXT.get(kind, kind)
     icon = BADGE_ICON.get(kind, "")
     icon_html = Markup('<span aria-hidden="true">{}</span> ').format(icon) if icon else Markup("")
-    return Markup('<span class="badge badge-{cls}">{icon}{label}</span>').format(
-        cls="".join(c if c.isalnum() else "-" for c in kind), icon=icon_html, label=label
+    title = Markup(' title="{}"').format(BADGE_HELP[kind]) if kind in BADGE_HELP and text is None else Markup("")
+    return Markup('<span class="badge badge-{cls}" data-badge="{kind}"{title}>{icon}{label}</span>').format(
+        cls="".join(c if c.isalnum() else "-" for c in kind), kind=kind, title=title, icon=icon_html, label=label
     )
 
 
@@ -73,6 +108,7 @@ def json_script(value: Any) -> Markup:
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
 templates.env.filters["badge"] = badge
 templates.env.filters["json_script"] = json_script
+templates.env.filters["category_words"] = category_words
 templates.env.globals["badge"] = badge
 templates.env.globals["trial_implementations"] = FALLBACK_CHAIN  # the new-run form's trial choices
 

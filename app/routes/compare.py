@@ -1,4 +1,5 @@
-"""Runs side by side (``/compare``): the spec keys that differ, the mean throughput, one reward chart."""
+"""Runs side by side (``/compare``): the spec keys that differ, the mean throughput, the reward and then every
+metric any of the runs reported, one chart each with a line per run."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from app.views.run_view import (
     aligned_series,
     max_of,
     mean_of,
+    metric_names,
     series,
     spec_differences,
 )
@@ -35,9 +37,12 @@ def compare(request: Request, _: PageUser, session: SessionDep) -> Response:
     runs = [runs_service.get_run(session, run_id=i) for i in dict.fromkeys(wanted)]
     views = [load_view(session, r) for r in runs]
     diffs = spec_differences([flatten(r.spec) for r in runs])
-    curves = [(f"#{r.id} {r.name}", series(v, REWARD_KEYS)) for r, v in zip(runs, views, strict=True)]
+    labels = [f"#{r.id} {r.name}" for r in runs]
+    curves = [(label, series(v, REWARD_KEYS)) for label, v in zip(labels, views, strict=True)]
+    metrics = [{"key": key, "data": aligned_series([(label, series(v, [key])) for label, v in zip(labels, views, strict=True)])}
+               for key in metric_names(views)]
     summary = [{"run": r, "view": v, "tokens_per_s": mean_of(v, TOKENS_PER_S), "step_time": mean_of(v, STEP_TIME_S),
                 "peak_memory": max_of(v, MAX_MEMORY_MB), "badges": v.role_badges()} for r, v in zip(runs, views, strict=True)]
     return render(request, "compare.html", {**page_context(request), "runs": runs, "summary": summary, "diffs": diffs,
-                                            "reward": aligned_series(curves), "ids": ids,
+                                            "reward": aligned_series(curves), "metrics": metrics, "ids": ids,
                                             "recent": runs_service.list_runs(session, limit=20)[0]})

@@ -4,7 +4,8 @@ retry (as it was, or with eager on one role) and resume from a checkpoint."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,10 +20,20 @@ from app.services import checkpoints as checkpoints_service
 from app.services import events as events_service
 from app.services import runs as runs_service
 from app.services.feeds import RunFeed
-from app.views.live_run import checkpoint_context, eager_remedy_of, eager_roles, load_view, passthrough_of, trimmed
-from app.views.run_view import CHARTS, RunView, apply_event, fold, format_eta
-from app.web import page_context, redirect, render, templates
+from app.views.live_run import (
+    checkpoint_context,
+    duration_s,
+    eager_remedy_of,
+    eager_roles,
+    load_view,
+    passthrough_of,
+    spec_overview,
+    trimmed,
+)
+from app.views.run_view import CHARTS, RunView, apply_event, fold, format_eta, metrics_csv
+from app.web import add_security_headers, page_context, redirect, render, templates
 from worker.core.roles import SETTINGS
+from worker.interop.verl import export_command, export_yaml
 from worker.spec import PASSTHROUGH_NOTE
 from worker.troubleshoot.classify import eager_remedy
 
@@ -33,7 +44,8 @@ def _run_context(request: Request, session: Session, run: Run) -> dict[str, Any]
     view = load_view(session, run)
     return {**page_context(request), "run": run, "view": view, "charts": CHARTS, "eta": format_eta(view.eta_seconds),
             "eager_remedy": eager_remedy_of(eager_roles(run, view)), "passthrough": passthrough_of(run),
-            "passthrough_note": PASSTHROUGH_NOTE, **_checkpoints(request, run, view)}
+            "passthrough_note": PASSTHROUGH_NOTE, "spec": spec_overview(run),
+            "duration": format_eta(duration_s(run, datetime.now(UTC))), **_checkpoints(request, run, view)}
 
 
 def _checkpoints(request: Request, run: Run, view: RunView) -> dict[str, Any]:
@@ -54,6 +66,55 @@ def waiting(request: Request, run_id: int, _: PageUser, session: SessionDep) -> 
     if run.status != "queued":
         return Response(status_code=286)
     return render(request, "run.html", _run_context(request, session, run), block="waiting")
+
+
+def _download(body: str | Iterator[str], media_type: str, filename: str) -> Response:
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
+    if isinstance(body, str):
+        return add_security_headers(Response(body, media_type=media_type, headers=headers))
+    return add_security_headers(StreamingResponse(body, media_type=media_type, headers=headers))
+
+
+@router.get("/runs/{run_id}/export/command")
+def export_run_command(run_id: int, _: PageUser, session: SessionDep) -> Response:
+    """The run's spec as a verl command line (text, to copy or save)."""
+    run = runs_service.get_run(session, run_id=run_id)
+    return _download(export_command(runs_service.run_spec(run)).text + "\n", "text/plain", f"run-{run.id}.sh")
+
+
+@router.get("/runs/{run_id}/export.yaml")
+def export_run_yaml(run_id: int, _: PageUser, session: SessionDep) -> Response:
+    run = runs_service.get_run(session, run_id=run_id)
+    return _download(export_yaml(runs_service.run_spec(run)).text, "application/yaml", f"run-{run.id}.yaml")
+
+
+@router.get("/runs/{run_id}/events.jsonl")
+def download_events(request: Request, run_id: int, _: PageUser, session: SessionDep) -> Response:
+    """Every event of the run (its worker log, attention reports, metrics, status changes), one JSON object a
+    line, oldest first: ``{"seq", "kind", "ts", "payload"}``."""
+    runs_service.get_run(session, run_id=run_id)
+
+    def lines() -> Iterator[str]:
+        after = 0
+        with open_session(request) as s:
+            while True:
+                batch, _ = events_service.events_since(s, run_id=run_id, after_seq=after, limit=1000)
+                for ev in batch:
+                    yield json.dumps({"seq": ev.seq, "kind": ev.kind,
+                                      "ts": ev.ts.isoformat() if ev.ts else None, "payload": ev.payload},
+                                     separators=(",", ":"), default=str) + "\n"
+                if len(batch) < 1000:
+                    return
+                after = batch[-1].seq
+
+    return _download(lines(), "application/x-ndjson", f"run-{run_id}-events.jsonl")
+
+
+@router.get("/runs/{run_id}/metrics.csv")
+def download_metrics(run_id: int, _: PageUser, session: SessionDep) -> Response:
+    """The run's metrics: one row per step, one column per metric."""
+    run = runs_service.get_run(session, run_id=run_id)
+    return _download(metrics_csv(load_view(session, run).metrics), "text/csv", f"run-{run_id}-metrics.csv")
 
 
 STREAM_BLOCKS = {"status": "status", "attention": "attention", "env_probe": "probe", "fallback": "trouble_row",
@@ -118,10 +179,13 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
         if saved or ev.kind == "restart" or ended:  # the checkpoints table, read from the run's folder once
             out.append(feed.rendered(ev.seq, "checkpoints", lambda: _sse("checkpoints", _block(
                 request, "checkpoints", context(**_checkpoints(request, run, view))))))
-        if ev.kind == "metric":
+        if ev.kind == "metric":  # the progress, the charts' point, then the step's line in the worker log
+            # (no id of its own: the browser takes the metric's, so a reconnect does not show the line twice)
+            stepped = view.logs and view.logs[-1].seq == ev.seq
+            step_log = [shared("log", "log_row", None, entry=view.logs[-1])] if stepped else []
             return [*out, shared("status", "status"),
                     feed.rendered(ev.seq, "metric", lambda: _sse("metric", json.dumps(view.metrics[-1])
-                                                                 if view.metrics else "{}", ev.seq))]
+                                                                 if view.metrics else "{}", ev.seq)), *step_log]
         name = STREAM_BLOCKS.get(ev.kind)
         if name is None:
             return [*out, _sse("other", "", ev.seq)]

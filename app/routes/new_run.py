@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
@@ -17,9 +18,10 @@ from app.services import interop
 from app.services import runs as runs_service
 from app.services.auth import Principal
 from app.services.probes import latest_node_probe
-from app.views.new_run import FormState, multi, starting_spec
+from app.views.new_run import DEFAULT_ENV, FormState, multi, starting_spec
 from app.views.run_form import issues_by_field
 from app.web import add_security_headers, page_context, redirect, render
+from worker.core.environment import PROFILES
 from worker.interop.verl import export_command, export_yaml
 from worker.spec import SpecError
 
@@ -38,13 +40,20 @@ RESTORE = "restore"
 
 
 @router.get("/runs/new")
-def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots) -> Response:
+def new_run(request: Request, _: PageUser, session: SessionDep, roots: ModelRoots,
+            from_run: Annotated[int | None, Query(alias="from", description="a run whose spec fills the form")] = None
+            ) -> Response:
+    """The form: the tiny CPU preset; ``?from=ID``: that run's spec, name and target (edit and relaunch);
+    ``?restore=1&...``: the form as it was when a logged-out Launch asked to sign in."""
     if RESTORE in request.query_params:  # back from the sign-in a logged-out Launch asked for: the same form
         fields = {k: v for k, v in multi(request.query_params).items() if k != RESTORE}
         state = FormState(fields, model_roots=roots, probe=latest_node_probe(session), launcher=get_launcher(request))
-    else:
-        state = FormState(spec=starting_spec(), model_roots=roots, probe=latest_node_probe(session),
-                          launcher=get_launcher(request))
+        return render(request, "run_new.html", {**page_context(request), **state.context()})
+    run = runs_service.get_run(session, run_id=from_run) if from_run is not None else None
+    spec = runs_service.run_spec(run) if run is not None else starting_spec()
+    target = run.environment if run is not None and isinstance(run.environment, str) else DEFAULT_ENV
+    state = FormState(spec=spec, model_roots=roots, probe=latest_node_probe(session), name=run.name if run else "",
+                      env_name=target if target in PROFILES else DEFAULT_ENV, launcher=get_launcher(request))
     return render(request, "run_new.html", {**page_context(request), **state.context()})
 
 
@@ -58,7 +67,7 @@ async def preview(request: Request, principal: PageUser, session: SessionDep, ro
     if _signed_out(principal):
         return render(request, "_sign_in_preview.html", page_context(request))
     state = await _form_state(request, multi(await request.form()), roots, session)
-    return render(request, "run_new.html", {**page_context(request), **state.context()}, block="preview")
+    return render(request, "run_new.html", {**page_context(request), **state.context(oob_counts=True)}, block="preview")
 
 
 @router.post("/runs/adapt", dependencies=CSRF)

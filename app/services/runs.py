@@ -25,7 +25,7 @@ from app.services.preflight import refuse_never_fits
 from app.services.specs import get_spec
 from app.services.states import check_transition
 from worker.core.contract import TERMINAL
-from worker.spec import REMOVE, tree_set
+from worker.spec import REMOVE, RunSpec, SpecError, parse_spec, tree_set
 
 DEFAULT_RUN_NAME = "run"
 
@@ -133,6 +133,16 @@ def get_run(session: Session, *, run_id: int) -> Run:
     return run
 
 
+def run_spec(run: Run) -> RunSpec:
+    """The run's stored spec, parsed (to export it or fill the form with it); 409 when this version of
+    attnboard no longer reads it."""
+    try:
+        return parse_spec(run.spec)
+    except SpecError as exc:
+        raise AppError(409, "invalid_spec", f"run {run.id}'s stored spec no longer parses: {exc}", field="spec",
+                       value=run.id, valid="a spec this version of attnboard reads") from exc
+
+
 def run_filters(
     *,
     status: list[RunStatus] | None = None,
@@ -161,6 +171,16 @@ def run_filters(
     return where
 
 
+# The orders a runs list can take: name -> ORDER BY (the id last, so equal keys keep a stable order).
+RUN_SORTS: dict[str, tuple[Any, ...]] = {
+    "newest": (col(Run.id).desc(),),
+    "oldest": (col(Run.id).asc(),),
+    "name": (func.lower(col(Run.name)).asc(), col(Run.id).desc()),
+    "status": (col(Run.status).asc(), col(Run.id).desc()),
+    "progress": (col(Run.step).desc(), col(Run.id).desc()),
+}
+
+
 def list_runs(
     session: Session,
     *,
@@ -169,16 +189,34 @@ def list_runs(
     spec_id: int | None = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
+    archived: bool | None = None,
+    sort: str = "newest",
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[list[Run], int]:
-    """Newest first, filtered (``run_filters``); returns (page, total matching) as ORM rows (the API's
-    ``GET /api/runs`` answers from ``app.services.reads.run_page_json`` instead)."""
+    """Filtered (``run_filters``; ``archived``: only those, or only the others, None: both), in the order
+    ``sort`` names (``RUN_SORTS``, newest first by default); returns (page, total matching) as ORM rows
+    (the API's ``GET /api/runs`` answers from ``app.services.reads.run_page_json`` instead)."""
+    if sort not in RUN_SORTS:
+        raise AppError(422, "invalid_request", f"sort {sort!r} is not an order of the runs list; valid: "
+                       f"{', '.join(RUN_SORTS)}", field="sort", value=sort, valid=list(RUN_SORTS))
     where = run_filters(status=status, name=name, spec_id=spec_id, created_after=created_after,
                         created_before=created_before)
+    if archived is not None:
+        where.append(col(Run.archived).is_(archived))
     total = session.exec(select(func.count()).select_from(Run).where(*where)).one()
-    rows = session.exec(select(Run).where(*where).order_by(col(Run.id).desc()).limit(limit).offset(offset)).all()
+    rows = session.exec(select(Run).where(*where).order_by(*RUN_SORTS[sort]).limit(limit).offset(offset)).all()
     return list(rows), total
+
+
+def set_archived(session: Session, *, run_id: int, archived: bool) -> Run:
+    """Archive a run (hidden from the runs list by default) or bring it back; its data stays as it is."""
+    run = get_run(session, run_id=run_id)
+    run.archived = archived
+    session.add(run)
+    session.commit()
+    session.refresh(run)
+    return run
 
 
 def _utc_bound(value: datetime | None, field: str) -> datetime | None:

@@ -4,6 +4,9 @@
   "use strict";
 
   var PALETTE = ["#2f5bd3", "#d3542f", "#1b7f3b", "#8a3fd1", "#c28f00", "#0f8a8a", "#b3261e", "#5b6677"];
+  /* Lines told apart without colour too: a dash pattern and a marker size per series. */
+  var DASHES = [[], [8, 4], [2, 3], [12, 4, 2, 4], [6, 6], [1, 5], [14, 3], [4, 2, 4, 8]];
+  var MARKERS = [5, 8, 6, 9, 5, 8, 6, 9];
 
   /* ---- a 422 answer to an htmx request is the form again, its problems shown beside the inputs
      (an import that failed, an export of a form with errors), and a 401 the same form asking to sign in
@@ -97,7 +100,10 @@
       axes: [{ label: "step", values: stepTicks }, { values: valueTicks, size: 64 }],
       legend: { live: false },
       series: [{ label: "step" }].concat(series.map(function (s, i) {
-        return { label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: x.length < 40 } };
+        var colour = PALETTE[i % PALETTE.length];
+        return { label: s.label, stroke: colour, width: 2, dash: DASHES[i % DASHES.length],
+                 points: { show: x.length < 40, size: MARKERS[i % MARKERS.length], stroke: colour,
+                           fill: i % 2 ? "rgba(255, 255, 255, 0)" : colour } };
       }))
     };
     el._plot = new window.uPlot(opts, [x].concat(series.map(function (s) { return s.values; })), body);

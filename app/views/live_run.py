@@ -3,6 +3,8 @@ from the run's events, its checkpoints, the retry offers and the verl keys passe
 
 from __future__ import annotations
 
+import functools
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +13,10 @@ from sqlmodel import Session
 from app.models import Run
 from app.services import checkpoints as checkpoints_service
 from app.services import events as events_service
-from app.views.run_view import RunView, fold
+from app.views.run_view import RunView, fold, spec_differences
 from worker.core.roles import Role
 from worker.ppo.advantage import needs_critic
+from worker.spec import RunSpec, SpecError, parse_spec, spec_to_flat
 from worker.troubleshoot.classify import eager_remedy
 
 
@@ -70,3 +73,34 @@ def trimmed(view: RunView) -> RunView:
     del view.metrics[:-1]
     del view.logs[:-1]
     return view
+
+
+@functools.cache
+def _default_flat() -> dict[str, Any]:
+    return spec_to_flat(RunSpec())
+
+
+def spec_overview(run: Run) -> dict[str, Any] | None:
+    """The run's spec for its page: ``changed`` (key, value, verl's default) for every key that differs from
+    verl's defaults, then ``same`` (key, value) for the rest; None when the stored spec no longer parses."""
+    try:
+        flat = spec_to_flat(parse_spec(run.spec))
+    except SpecError:
+        return None
+    # An emptied mapping (override_config: {}) and its keys set (override_config.attn_implementation) are one
+    # change, shown once: by the key.
+    diffs = [(key, values) for key, values in spec_differences([_default_flat(), flat])
+             if {repr(v) for v in values} != {"{}", "None"}]
+    changed = {key for key, _ in diffs}
+    return {"changed": [(key, values[1], values[0]) for key, values in diffs],
+            "same": [(key, value) for key, value in sorted(flat.items()) if key not in changed]}
+
+
+def duration_s(run: Run, now: datetime) -> float | None:
+    """Seconds from the run's start to its end (or to ``now`` while it goes); None before it started."""
+    if run.started_at is None:
+        return None
+    end = run.finished_at or now
+    start = run.started_at if run.started_at.tzinfo else run.started_at.replace(tzinfo=UTC)
+    end = end if end.tzinfo else end.replace(tzinfo=UTC)
+    return max(0.0, (end - start).total_seconds())

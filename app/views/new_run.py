@@ -15,6 +15,10 @@ from app.views.run_form import (
     ATTENTION_HELP,
     FIELDS,
     FormError,
+    changed_counts,
+    default_values,
+    dtype_options,
+    essential_fields,
     form_to_spec_data,
     grouped_fields,
     issues_by_field,
@@ -63,14 +67,15 @@ class FormState:
     preview's panel with "adapt to this target"; its attention findings disable Launch."""
 
     def __init__(self, form: dict[str, list[str]] | None = None, *, model_roots: list[Path],
-                 spec: RunSpec | None = None, probe: NodeProbe | None = None, launcher: Launcher | None = None):
+                 spec: RunSpec | None = None, probe: NodeProbe | None = None, name: str = "", env_name: str = DEFAULT_ENV,
+                 launcher: Launcher | None = None):
         self.errors: dict[str, list[Issue]] = {}
         self.preflight: Preflight | None = None
         self.warnings: list[Issue] = []
         self.resolution: Resolution | None = None
         self.spec: RunSpec | None = spec
-        self.name = ""
-        self.env_name = DEFAULT_ENV
+        self.name = name
+        self.env_name = env_name
         self.probe = probe
         if form is not None:
             self.name = (form.get("name") or [""])[-1].strip()
@@ -124,7 +129,10 @@ class FormState:
 
     def context(self, **extra: Any) -> dict[str, Any]:
         return {
+            "essentials": essential_fields(),
             "groups": grouped_fields(),
+            "changed": changed_counts(self.values, default_values()),
+            "dtype_options": dtype_options,
             "values": self.values,
             "errors": self.errors,
             "error_count": sum(len(v) for v in self.errors.values()),

@@ -8,6 +8,7 @@ derived from ``RunSpec`` itself: a key added to the spec appears on the form wit
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from worker.core import yaml_guard
 from worker.core.implementations import BUILTIN_NAMES
 from worker.ppo import advantage
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree, tree_get
+from worker.spec.schema import DTYPE_NAMES, DType
 
-Widget = Literal["text", "number", "checkbox", "select", "attention", "mapping", "passthrough"]
+Widget = Literal["text", "number", "checkbox", "select", "dtype", "attention", "mapping", "passthrough"]
 
 ATTN_SUFFIX = ".override_config.attn_implementation"
 OVERRIDE_KEYS = ("actor_rollout_ref.model.override_config", "critic.model.override_config")
@@ -60,7 +62,7 @@ def estimators_help() -> str:
 GROUPS: tuple[Group, ...] = (
     Group("model", "Model", "A built-in preset (builtin:tiny-llama, builtin:tiny-qwen2) or a local Hugging Face folder.",
           ("actor_rollout_ref.model.path", "critic.model.path")),
-    Group("attention", "Attention per role",
+    Group("attention", "Other Hugging Face config keys (override_config)",
           "actor, rollout and reference share one setting; the critic has its own. Empty keeps verl's default.",
           OVERRIDE_KEYS),
     Group("precision", "Precision",
@@ -131,16 +133,23 @@ def _takes_list(annotation: Any) -> bool:
         typing.get_origin(a) is list for a in typing.get_args(annotation))
 
 
+# Plain names for the keys whose last part alone says little (verl's ``dtype`` is the compute dtype).
+LEAF_NAMES = {"dtype": "compute dtype", "model_dtype": "weights dtype", "path": "model path",
+              "adv_estimator": "advantage estimator", "n_gpus_per_node": "ranks per node (GPUs, or CPU processes)"}
+# The role a section configures: actor_rollout_ref.<part> -> its role.
+SECTION_OWNER = {"actor": "actor", "ref": "reference", "rollout": "rollout", "model": "actor / rollout / reference"}
+
+
 def _label(key: str) -> str:
     parts = key.split(".")
     if key.endswith(ATTN_SUFFIX):
         return ("critic" if key.startswith("critic") else "actor / rollout / reference") + " attention"
     if key in OVERRIDE_KEYS:
         return ("critic" if key.startswith("critic") else "actor") + " other override_config keys"
-    owner = {"actor_rollout_ref": "actor", "critic": "critic", "custom_reward_function": "reward function"}.get(parts[0], "")
-    name = parts[-1].replace("_", " ")
-    if parts[0] == "actor_rollout_ref" and parts[1] in ("rollout", "model"):
-        owner = parts[1] if parts[1] == "rollout" else "actor"
+    owner = {"critic": "critic", "custom_reward_function": "reward function"}.get(parts[0], "")
+    if parts[0] == "actor_rollout_ref":
+        owner = SECTION_OWNER.get(parts[1], "actor")
+    name = LEAF_NAMES.get(parts[-1], parts[-1].replace("_", " "))
     return f"{owner} {name}".strip() if owner and parts[0] != "data" else name
 
 
@@ -152,6 +161,8 @@ def _field_for(key: str) -> FormField:
     if key in OVERRIDE_KEYS:
         return FormField(key, _label(key), "mapping", "attention", optional=True,
                          help="Any other Hugging Face config key, as a YAML mapping, e.g. {hidden_size: 64}.")
+    if annotation is DType:  # one option per dtype: bf16, fp16, fp32 (verl's other spellings still parse)
+        return FormField(key, _label(key), "dtype", group, DTYPE_CHOICES, optional, help=help_text)
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         return FormField(key, _label(key), "select", group, tuple(m.value for m in annotation), optional, help=help_text)
     if annotation is bool:
@@ -161,6 +172,19 @@ def _field_for(key: str) -> FormField:
                          step="1" if annotation is int else "any", help=help_text)
     return FormField(key, _label(key), "text", group, optional=optional, help=help_text,
                      listable=_takes_list(info.annotation))
+
+
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")
+"""The dtypes the form offers, one spelling each; ``DTYPE_NAMES`` maps every spelling verl accepts to its dtype."""
+
+
+def dtype_options(value: str | None) -> list[tuple[str, str, bool]]:
+    """A dtype select's options ``(value, label, selected)``: one per dtype, labelled bf16/fp16/fp32; the
+    option of the value's dtype keeps the value's spelling (``bfloat16`` stays ``bfloat16``), so the spec
+    the form submits is the spec it was filled from."""
+    meant = DTYPE_NAMES.get(value or "")
+    return [(value if meant == DTYPE_NAMES[choice] else choice, choice, meant == DTYPE_NAMES[choice])
+            for choice in DTYPE_CHOICES]
 
 
 PASSTHROUGH_FIELD = FormField(PASSTHROUGH, "verl keys", "passthrough", "passthrough", optional=True,
@@ -183,8 +207,44 @@ FIELDS: tuple[FormField, ...] = _all_fields()
 FIELDS_BY_KEY: dict[str, FormField] = {f.key: f for f in FIELDS}
 
 
+# The essentials, open on the form (beside the run's name and target); the rest is folded per group.
+ESSENTIALS: tuple[Group, ...] = (
+    Group("model", "Model", GROUPS[0].help, ("actor_rollout_ref.model.path", "critic.model.path")),
+    Group("attention", "Attention per role",
+          "actor, rollout and reference share one setting; the critic has its own. Empty keeps verl's default.",
+          tuple(k + ".attn_implementation" for k in OVERRIDE_KEYS)),
+    Group("training", "Algorithm, batch and steps", GROUPS[4].help,
+          ("algorithm.adv_estimator", "data.train_batch_size", "trainer.total_training_steps")),
+)
+ESSENTIAL_KEYS = frozenset(k for g in ESSENTIALS for k in g.prefixes)
+
+
+def essential_fields() -> list[tuple[Group, list[FormField]]]:
+    return [(g, [FIELDS_BY_KEY[k] for k in g.prefixes]) for g in ESSENTIALS]
+
+
 def grouped_fields() -> list[tuple[Group, list[FormField]]]:
-    return [(g, [f for f in FIELDS if f.group == g.key]) for g in GROUPS]
+    """The folded groups: every field that is not an essential, in its group (groups left empty go)."""
+    groups = [(g, [f for f in FIELDS if f.group == g.key and f.key not in ESSENTIAL_KEYS]) for g in GROUPS]
+    return [(g, fields) for g, fields in groups if fields]
+
+
+def same_value(f: FormField, a: Any, b: Any) -> bool:
+    """Two values of one input mean the same (``bf16`` is ``bfloat16``; ``4`` is ``4.0``)."""
+    if f.widget == "dtype":
+        return DTYPE_NAMES.get(str(a), a) == DTYPE_NAMES.get(str(b), b)
+    if f.widget == "number":
+        try:
+            return float(a) == float(b)
+        except (TypeError, ValueError):
+            pass
+    return (a or "") == (b or "") if f.widget != "checkbox" else bool(a) == bool(b)
+
+
+def changed_counts(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, int]:
+    """Per folded group, how many of its inputs differ from ``defaults`` (verl's: ``default_values()``)."""
+    return {g.key: sum(not same_value(f, values.get(f.key), defaults.get(f.key)) for f in fields)
+            for g, fields in grouped_fields()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,6 +344,12 @@ def spec_to_form_values(spec: RunSpec) -> dict[str, Any]:
             value = flat.get(f.key)
             values[f.key] = value if f.widget == "checkbox" else ("" if value is None else str(value))
     return values
+
+
+@functools.cache
+def default_values() -> dict[str, Any]:
+    """The value of every input for verl's defaults (``RunSpec()``); shared, not to be changed."""
+    return spec_to_form_values(RunSpec())
 
 
 def issues_by_field(issues: list[Issue]) -> dict[str, list[Issue]]:

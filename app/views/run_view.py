@@ -10,6 +10,9 @@ Unknown or malformed fields are shown as absent, never trusted as markup.
 
 from __future__ import annotations
 
+import csv
+import io
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,6 +60,17 @@ def rank_key(per_rank: str, rank: str) -> str:
     return f"{per_rank}/rank {rank}"
 
 
+RULE_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+"""A resolution rule's id (``override``, ``forced-eager-fsdp-turbo-ulysses``), as reasons start with it."""
+SDPA_BACKEND_WORDS = {
+    "flash_attention": "torch's built-in FlashAttention kernel, not the flash-attn package",
+    "efficient_attention": "torch's memory-efficient kernel",
+    "cudnn_attention": "cuDNN's attention kernel",
+    "math": "plain matrix products, the slowest path",
+}
+"""The backends of ``torch.nn.functional.scaled_dot_product_attention``, in words."""
+
+
 @dataclass
 class AttentionRow:
     """One role on one rank, from its ``attention`` event (or its ``error`` event when it never loaded): the
@@ -95,6 +109,25 @@ class AttentionRow:
         short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
         held = short.get(self.weights_dtype or "", self.weights_dtype)
         return f"{short.get(self.compute_dtype, self.compute_dtype)}" + (f" / {held}" if held else "")
+
+    @property
+    def reason_items(self) -> list[tuple[str | None, str]]:
+        """Each reason as (rule id, sentence), the rule shown apart as in the preview; None where it has none."""
+        items: list[tuple[str | None, str]] = []
+        for reason in self.reasons:
+            rule, sep, text = reason.partition(": ")
+            items.append((rule, text) if sep and RULE_ID.fullmatch(rule) else (None, reason))
+        return items
+
+    @property
+    def sdpa_backend_words(self) -> str | None:
+        """What the SDPA backend that ran is, in words: ``flash_attention`` on a CPU is torch's own fused
+        kernel for CPU (the aten op ``..._flash_attention_for_cpu``), not the flash-attn package."""
+        if not self.sdpa_backend:
+            return None
+        if self.sdpa_backend == "flash_attention" and (self.sdpa_op or "").endswith("_for_cpu"):
+            return "torch's own fused kernel for CPU, not the flash-attn package"
+        return SDPA_BACKEND_WORDS.get(self.sdpa_backend)
 
     @property
     def changed(self) -> bool:
@@ -277,6 +310,33 @@ def metric_point(seq: int, payload: dict[str, Any]) -> dict[str, Any] | None:
     return {"step": step, "seq": seq, "values": values}
 
 
+# The figures a step's log line names, in order: (metric, how it reads).
+STEP_LINE = (("critic/rewards/mean", "reward {:.4g}"), ("actor/pg_loss", "policy loss {:.4g}"),
+             ("critic/vf_loss", "value loss {:.4g}"), ("actor/kl", "KL {:.3g}"), ("perf/tokens_per_s", "{:.0f} tokens/s"),
+             ("perf/step_time_s", "{:.2f} s"), ("perf/max_memory_mb", "peak {:.0f} MiB"))
+
+
+def step_line(point: dict[str, Any], total_steps: int | None) -> str:
+    """A metric point as the worker log's line: ``step 3 of 12: reward 0.057, ..., 1.92 s, peak 450 MiB``."""
+    values = point["values"]
+    figures = [text.format(values[key]) for key, text in STEP_LINE if key in values]
+    of = f" of {total_steps}" if total_steps else ""
+    return f"step {point['step']}{of}" + (": " + ", ".join(figures) if figures else "")
+
+
+def metrics_csv(points: Iterable[dict[str, Any]]) -> str:
+    """Metric points (``metric_point``) as CSV: a ``step`` column, then one column per metric name (sorted),
+    empty where a step lacks that metric."""
+    points = list(points)
+    keys = sorted({k for p in points for k in p["values"]})
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["step", *keys])
+    for p in points:
+        writer.writerow([p["step"], *(p["values"].get(k, "") for k in keys)])
+    return out.getvalue()
+
+
 def apply_event(view: RunView, *, seq: int, kind: str, payload: dict[str, Any], ts: datetime | None = None) -> RunView:
     """Fold one event into ``view`` (in place, returned for chaining). Events at or below
     ``view.last_seq`` are ignored, so replaying a stream is harmless."""
@@ -297,6 +357,8 @@ def apply_event(view: RunView, *, seq: int, kind: str, payload: dict[str, Any], 
             view.step = max(view.step, point["step"])
             view.total_steps = _int(payload.get("total_steps")) or view.total_steps
             view.metrics.append(point)
+            view.logs.append(LogEntry(seq=seq, ts=ts, kind="step", message=step_line(point, view.total_steps),
+                                      detail={}))
             if view.started is None:
                 view.started = ts
     elif kind == "attention":
@@ -393,6 +455,11 @@ def series(view: RunView, keys: Iterable[str]) -> list[tuple[int, float]]:
         if value is not None:
             out.append((point["step"], value))
     return out
+
+
+def metric_names(views: Iterable[RunView]) -> list[str]:
+    """Every metric name any of the views has a point of, sorted."""
+    return sorted({k for v in views for point in v.metrics for k in point["values"]})
 
 
 def mean_of(view: RunView, key: str) -> float | None:

@@ -97,7 +97,7 @@ def preview_rows(html: str) -> dict[str, dict[str, str]]:
         rows[tr["data-role"]] = {
             "requested": tr.select_one("td.requested").get_text(strip=True),
             "effective": tr.select_one("td.effective").get_text(strip=True),
-            "badge": tr.select_one("td.status .badge").get_text(" ", strip=True).split()[-1],
+            "badge": tr.select_one("td.status .badge")["data-badge"],
             "rules": " ".join(li["data-rule"] for li in tr.select("td.reasons li")),
         }
     return rows

@@ -59,3 +59,12 @@ def test_docs_and_redoc_are_served_from_vendored_assets_without_a_cdn(client):
         for url in named:
             assert client.get(url).status_code == 200, url
     assert client.get("/openapi.json").json()["info"]["title"] == "attnboard"
+
+
+def test_every_troubleshooting_category_has_words():
+    from app.web import CATEGORY_WORDS, category_words
+    from worker.troubleshoot.classify import Category
+
+    assert set(CATEGORY_WORDS) == {c.value for c in Category}
+    assert category_words("flash_attn_not_installed") == "flash-attn not installed"
+    assert category_words("some_new_one") == "some new one"

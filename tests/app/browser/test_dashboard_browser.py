@@ -9,25 +9,17 @@ injection, which must render as text), a run whose critic falls back, and its "r
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from sqlmodel import Session
 
-from app.services.ray_runtime import HEAD_RECORD, HeadRecord, free_port, pid_alive, stop_head
-from tests.app.browser.conftest import CHROMIUM
+from tests.app.browser.support import ACTIVE, ROOT, RUN_TIMEOUT_MS, Server, expect, reveal, run_id_of, served
 from tests.app.pages_support import XSS_NAME
-from tests.app.service_support import ray_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
 
-ROOT = Path(__file__).resolve().parents[3]
 SCREENSHOTS = ROOT / "tests" / "screenshots"
 SEED_CRITIC_COMMAND = """python3 ppo_trainer.py \\
     actor_rollout_ref.model.override_config.attn_implementation=eager \\
@@ -36,60 +28,17 @@ SEED_CRITIC_COMMAND = """python3 ppo_trainer.py \\
 ACTOR_ATTN = "actor_rollout_ref.model.override_config.attn_implementation"
 CRITIC_ATTN = "critic.model.override_config.attn_implementation"
 STEPS = 3
-RUN_TIMEOUT_MS = 150_000
-ACTIVE = ("queued", "starting", "running")
-
-
-class Server:
-    def __init__(self, base: str, db_url: str, data: Path):
-        self.base, self.db_url, self.data = base, db_url, data
-        self.token = ""
-        self.runs: dict[str, int] = {}  # what the tests launched, by purpose
-
-    def api(self, path: str) -> Any:
-        resp = httpx.get(self.base + path, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
-        resp.raise_for_status()
-        return resp.json()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The served app (Ray launcher and supervisor) on a fresh data directory; at the end every run still
-    active is cancelled, the server stopped, and the embedded Ray head stopped if it is still up."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: run ./scripts/setup.sh --test (apt-get install chromium)")
+    """The served app (Ray launcher and supervisor) on a fresh data directory, under uvicorn."""
     data = tmp_path_factory.mktemp("server")
     db_url = f"sqlite:///{data / 'attnboard.db'}"
-    port = free_port()
-    env = {**ray_env(None), "ATTNBOARD_DATA_DIR": str(data), "ATTNBOARD_DATABASE_URL": db_url,
-           "ATTNBOARD_RAY_NUM_CPUS": "2"}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:create_served_app", "--factory",
-                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env)
-    srv = Server(f"http://127.0.0.1:{port}", db_url, data)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(srv.base + "/login", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on {srv.base} (exit code {proc.poll()})")
-            time.sleep(0.3)
+    with served(data, [sys.executable, "-m", "uvicorn", "app.main:create_served_app", "--factory", "--host", "127.0.0.1",
+                       "--log-level", "warning"], env={"ATTNBOARD_DATABASE_URL": db_url}) as srv:
         srv.token = _create_token(db_url)
         yield srv
-    finally:
-        _cancel_active(srv)
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        record = HeadRecord.load(data / HEAD_RECORD)
-        if record is not None and pid_alive(record.pid):
-            stop_head(record.pid)
 
 
 def _create_token(db_url: str) -> str:
@@ -105,29 +54,6 @@ def _create_token(db_url: str) -> str:
     return token
 
 
-def _cancel_active(srv: Server) -> None:
-    """Cancel what is still active and wait for it to end, so the app stops its Ray head on shutdown."""
-    if not srv.token:
-        return
-    headers = {"Authorization": f"Bearer {srv.token}"}
-    try:
-        active = [r["id"] for r in srv.api("/api/runs?limit=100")["data"] if r["status"] in ACTIVE]
-        for run_id in active:
-            httpx.post(f"{srv.base}/api/runs/{run_id}/cancel", headers=headers, timeout=30)
-        deadline = time.monotonic() + 60
-        while active and time.monotonic() < deadline:
-            active = [i for i in active if srv.api(f"/api/runs/{i}")["status"] in ACTIVE]
-            time.sleep(0.5)
-    except httpx.HTTPError:
-        pass  # the server is gone already: the head record below is the last resort
-
-
-def expect(locator):
-    from playwright.sync_api import expect as playwright_expect
-
-    return playwright_expect(locator)
-
-
 def shot(page, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
@@ -137,12 +63,6 @@ def preview_cell(page, role: str, cell: str) -> str:
     return page.locator(f"#preview tr[data-role='{role}'] td.{cell}").inner_text().strip()
 
 
-def run_id_of(page) -> int:
-    match = re.search(r"/runs/(\d+)$", page.url)
-    assert match, page.url
-    return int(match.group(1))
-
-
 def launch_from_form(page, server: Server, *, name: str, **fields: str) -> int:
     """Fill the new-run form (the tiny CPU preset it starts from, ``STEPS`` steps, plus ``fields``:
     select name -> option) and launch; returns the new run's id from the live page's URL."""
@@ -150,9 +70,10 @@ def launch_from_form(page, server: Server, *, name: str, **fields: str) -> int:
     page.fill("#f-name", name)
     page.fill("input[name='trainer.total_training_steps']", str(STEPS))
     for key, value in fields.items():
+        reveal(page, key)
         page.select_option(f"select[name='{key}']", value)
     page.wait_for_load_state("networkidle")
-    page.click("#run-form button.primary")
+    page.click("#action-bar button.primary")
     page.wait_for_url(re.compile(r"/runs/\d+$"))
     return run_id_of(page)
 
@@ -164,6 +85,8 @@ def launch_from_form(page, server: Server, *, name: str, **fields: str) -> int:
 def test_preview_follows_strategy_and_ulysses(page, server):
     page.goto(server.base + "/runs/new")
     page.select_option(f"select[name='{ACTOR_ATTN}']", "sdpa")
+    for key in ("trainer.n_gpus_per_node", "actor_rollout_ref.actor.strategy"):
+        reveal(page, key)
     page.fill("input[name='trainer.n_gpus_per_node']", "2")
     page.select_option("select[name='actor_rollout_ref.actor.strategy']", "fsdp_turbo")
     page.fill("input[name='actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size']", "2")
@@ -173,7 +96,7 @@ def test_preview_follows_strategy_and_ulysses(page, server):
     shot(page, "form-forced-eager")
     page.select_option("select[name='actor_rollout_ref.actor.strategy']", "fsdp2")
     expect(page.locator("#preview tr[data-role='actor'] td.effective")).to_have_text("sdpa")
-    assert preview_cell(page, "actor", "status").endswith("override")
+    assert preview_cell(page, "actor", "status").endswith("as asked")
     assert page.console_errors == []  # CSP violations are console errors
 
 
@@ -204,7 +127,8 @@ def test_a_tiny_run_goes_live_to_succeeded(page, server):
     for role in ("actor", "rollout", "reference", "critic"):
         row = page.locator(f"#attention tr[data-role='{role}'][data-rank='0']")
         expect(row.locator("td.effective")).to_have_text("sdpa → sdpa")
-        assert row.locator(".badge").inner_text().endswith("override")
+        assert row.locator(".badge").get_attribute("data-badge") == "override"
+        assert row.locator(".badge").inner_text().endswith("as asked")
     for chart in ("reward", "kl", "loss", "throughput", "step-time", "memory"):
         expect(page.locator(f"#chart-{chart}")).to_have_attribute("data-points", str(STEPS))
     logs = page.locator("#logs li").evaluate_all("items => items.map(li => li.id)")
@@ -219,7 +143,7 @@ def test_a_critic_that_falls_back_and_its_retry_with_eager(page, server):
                               **{CRITIC_ATTN: "flash_attention_2", "attnboard.fallback_policy": "fallback"})
     server.runs["fallback"] = run_id
     critic = page.locator("#attention tr[data-role='critic'][data-rank='0']")
-    expect(critic.locator(".badge")).to_have_text(re.compile("fallback$"), timeout=RUN_TIMEOUT_MS)
+    expect(critic.locator(".badge")).to_have_text(re.compile("fell back$"), timeout=RUN_TIMEOUT_MS)
     expect(critic.locator("td.effective")).to_have_text("flash_attention_2 → sdpa")
     entry = page.locator("#trouble li.kind-fallback").first
     expect(entry.locator(".summary")).to_have_text("flash_attention_2 requested but flash-attn is not installed")
@@ -246,7 +170,7 @@ def test_runs_list_and_compare_after_the_runs(page, server):
     assert page.locator(f"tr[data-run='{tiny}'] td.name a").inner_text() == XSS_NAME
     critic = page.locator(f"tr[data-run='{fallback}'] .role-badge[data-role='critic']")
     assert critic.get_attribute("data-badge") == "fallback"
-    assert critic.inner_text().split() == ["critic", "flash_attention_2", "→", "sdpa", "↓", "fallback"]
+    assert critic.inner_text().split() == ["critic", "flash_attention_2", "→", "sdpa", "↓", "fell", "back"]
     assert page.locator(f"tr[data-run='{retry}'] .role-badge[data-role='critic']").get_attribute("data-badge") == "override"
     assert page.locator(f"tr[data-run='{fallback}'] td.quick button", has_text="Retry, eager critic").count() == 1
     compare_link = page.locator(f"tr[data-run='{retry}'] td.quick a", has_text=f"Compare with #{fallback}")

@@ -18,23 +18,34 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.app.browser import test_dashboard_browser as dashboard
-from tests.app.browser.test_dashboard_browser import (
-    ACTOR_ATTN,
-    CRITIC_ATTN,
-    ROOT,
-    RUN_TIMEOUT_MS,
-    SCREENSHOTS,
-    expect,
-    run_id_of,
-)
+from tests.app.browser.support import ROOT, RUN_TIMEOUT_MS, Server, expect, reveal, run_id_of, served
+from tests.app.service_support import ray_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
-server = dashboard.server  # this module's own served app (a module-scoped fixture)
+
+ATTNBOARD = str(Path(sys.executable).with_name("attnboard"))
+ACTOR_ATTN = "actor_rollout_ref.model.override_config.attn_implementation"
+CRITIC_ATTN = "critic.model.override_config.attn_implementation"
+SCREENSHOTS = ROOT / "tests" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``attnboard serve`` on a fresh data folder (SQLite there, the embedded Ray head) and a write token from
+    ``attnboard token create``, as the README says."""
+    data = tmp_path_factory.mktemp("journeys-ci")
+    with served(data, [ATTNBOARD, "serve", "--host", "127.0.0.1"]) as srv:
+        made = subprocess.run([ATTNBOARD, "token", "create", "ci", "--scope", "write", "--json"], cwd=ROOT,
+                              env={**ray_env(None), "ATTNBOARD_DATA_DIR": str(data)}, capture_output=True, text=True,
+                              check=True)
+        srv.token = json.loads(made.stdout)["token"]
+        yield srv
+
 
 SEED_STYLE = ROOT / "tests" / "fixtures" / "seed" / "seed_style_qwen.sh"
 README = ROOT / "README.md"
@@ -101,6 +112,7 @@ def test_b_a_pasted_seed_style_script_adapted_to_cpu_succeeds_at_its_first_launc
     page.wait_for_selector("#adapt-notes")
     expect(page.locator("#preflight .ok-line")).to_have_text("Nothing this launch would hit here.")
     expect(page.locator("#launch")).to_be_enabled()
+    reveal(page, "trainer.device")
     assert page.input_value("select[name='trainer.device']") == "cpu"
     assert page.input_value("input[name='trainer.n_gpus_per_node']") == "2"
     shots(page, "journey-b-adapted")
@@ -123,6 +135,8 @@ def test_b_a_pasted_seed_style_script_adapted_to_cpu_succeeds_at_its_first_launc
 def test_c_strict_flash_attention_on_cpu_is_fixed_in_one_click_and_succeeds_on_eager(page, server):
     page.goto(server.base + "/runs/new")
     page.fill("#f-name", "strict fa2 on cpu")
+    for key in ("trainer.total_training_steps", ACTOR_ATTN, CRITIC_ATTN):
+        reveal(page, key)
     page.fill("input[name='trainer.total_training_steps']", "2")
     page.select_option(f"select[name='{ACTOR_ATTN}']", "flash_attention_2")
     page.select_option(f"select[name='{CRITIC_ATTN}']", "flash_attention_2")
@@ -158,10 +172,11 @@ def test_f_the_readmes_ci_snippets_run_verbatim_on_the_forms_yaml(page, server, 
     blocks = ci_blocks()
     assert len(blocks) == 2 and blocks[0].startswith("attnboard submit") and "curl" in blocks[1]
     page.goto(server.base + "/runs/new")
+    reveal(page, "trainer.total_training_steps")
     page.fill("input[name='trainer.total_training_steps']", "2")
     page.wait_for_load_state("networkidle")
     with page.expect_download() as download:
-        page.click("#run-form button[formaction='/runs/export.yaml']")
+        page.get_by_role("button", name="Download YAML").click()
     download.value.save_as(tmp_path / "nightly.yaml")
 
     venv_bin = str(Path(sys.executable).parent)

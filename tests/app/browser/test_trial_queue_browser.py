@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from app.services.ray_runtime import HEAD_RECORD, HeadRecord, free_port, pid_alive, stop_head
-from tests.app.browser.conftest import CHROMIUM
+from tests.app.browser.support import CHROMIUM
 from tests.app.browser.test_dashboard_browser import Server, _cancel_active, _create_token, expect, run_id_of, shot
 from tests.app.service_support import ray_env
 from tests.app.test_trials import torch_in_process

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.app.pages_support import (
@@ -32,3 +34,15 @@ def test_compare_takes_the_lists_checkboxes(client, session):
     page = soup(client.get(f"/compare?ids={a}&ids={b}").text)
     assert [tr["data-run"] for tr in page.select("table.compare tbody tr")] == [str(a), str(b)]
 
+
+
+def test_compare_draws_every_metric_with_a_line_per_run(client, session):
+    a = stored_run(session, name="a", events=engine_events(steps=3))
+    b = stored_run(session, name="b", events=engine_events("critic_fallback", steps=2))
+    page = soup(client.get("/compare", params={"ids": f"{a},{b}"}).text)
+    charts = {f["data-metric"]: f for f in page.select("figure.chart[data-metric]")}
+    assert {"critic/rewards/mean", "actor/pg_loss", "perf/tokens_per_s", "peak_memory_mb/rank 1"} <= set(charts)
+    data = json.loads(page.select_one(charts["perf/tokens_per_s"]["data-static"]).string)
+    assert data["x"] == [1, 2, 3]
+    assert [s["label"] for s in data["series"]] == [f"#{a} a", f"#{b} b"]
+    assert data["series"][1]["values"][2] is None  # b has no third step: a gap, not a zero

@@ -25,13 +25,15 @@ def test_live_page_of_a_finished_run(client, session):
     assert page.select_one("#progress-bar")["value"] == "100"
     assert page.select_one("#live").get("sse-connect") is None, "a finished run opens no stream"
     critic = page.select_one("#attention tr[data-role='critic'][data-rank='0']")
-    assert critic.select_one(".badge").get_text(strip=True).endswith("fallback")
+    assert critic.select_one(".badge")["data-badge"] == "fallback"
+    assert critic.select_one(".badge").get_text(strip=True).endswith("fell back")
     assert critic.select_one("td.effective").get_text(" ", strip=True) == "flash_attention_2 → sdpa"
     assert critic.select_one("td.observed code").get_text() == "sdpa"
     assert critic.select_one("td.observed .calls").get_text(strip=True) == "(sdpa ×2)"
     backend = critic.select_one("td.observed .sdpa-backend")  # the kernel below sdpa: CPU's fused flash kernel
     assert backend["data-backend"] == "flash_attention" and critic.select_one("td.observed .sdpa-reason") is None
     assert backend.select_one("code")["title"] == "aten::_scaled_dot_product_flash_attention_for_cpu"
+    assert backend.select_one(".backend-words").get_text() == "torch's own fused kernel for CPU, not the flash-attn package"
     assert critic.select_one("td.strategy .precision").get_text(strip=True) == "fp32 / fp32"
     entry = page.select_one("#trouble li.kind-fallback")
     assert entry.select_one(".summary").get_text() == "flash_attention_2 requested but flash-attn is not installed"
@@ -75,6 +77,7 @@ def test_live_page_of_a_role_that_did_not_load(client, session):
     page = soup(client.get(f"/runs/{run_id}").text)
     assert page.select_one("#status")["data-status"] == "failed"
     critic = page.select_one("#attention tr[data-role='critic']")
+    assert critic.select_one(".badge")["data-badge"] == "error"
     assert critic.select_one(".badge").get_text(strip=True).endswith("error")
     assert "did not load" in critic.select_one("td.effective").get_text()
     assert page.select_one("#trouble li.kind-error .summary").get_text() == \
@@ -153,3 +156,74 @@ def test_a_queued_run_says_what_it_waits_for_on_its_page_and_in_the_list(client,
     session.add(run)
     session.commit()
     assert client.get(f"/runs/{run_id}/waiting").status_code == 286
+
+
+def test_run_page_shows_the_spec_times_and_what_to_do_with_them(client, session):
+    run_id = stored_run(session, name="tiny", events=engine_events("succeeded", steps=3))
+    page = soup(client.get(f"/runs/{run_id}").text)
+    changed = [tr["data-key"] for tr in page.select("#spec table.spec-changed tbody tr")]
+    assert "trainer.device" in changed and "actor_rollout_ref.actor.optim.lr" not in changed  # differs first
+    device = page.select_one("#spec tr[data-key='trainer.device']").get_text(" ", strip=True)
+    assert device == "trainer.device cpu cuda"  # this run, then verl's default
+    assert "actor_rollout_ref.actor.optim.lr" in page.select_one("#spec details.spec-same").get_text()
+    assert page.select_one(".run-meta time") is not None
+    assert page.select_one("#edit-relaunch")["href"] == f"/runs/new?from={run_id}"
+    steps = [li.get_text(" ", strip=True) for li in page.select("#logs li.kind-step")]
+    assert [s.split(":")[0] for s in steps] == ["step 1 of 3", "step 2 of 3", "step 3 of 3"]
+    assert "tokens/s" in steps[0]
+    assert "Trials" in [a.get_text(strip=True) for a in page.select("nav a")]
+
+
+def test_edit_and_relaunch_fills_the_form_with_the_run(client, session):
+    run_id = stored_run(session, name="tiny to edit", events=[],
+                        **{"critic.model.override_config.attn_implementation": "eager"})
+    page = soup(client.get(f"/runs/new?from={run_id}").text)
+    assert page.select_one("#f-name")["value"] == "tiny to edit"
+    critic = page.select_one("select[name='critic.model.override_config.attn_implementation'] option[selected]")
+    assert critic["value"] == "eager"
+    assert page.select_one("input[name='data.train_batch_size']")["value"] == "4"
+    assert client.get("/runs/new?from=999999").status_code == 404
+
+
+def test_run_exports_and_downloads(client, session):
+    run_id = stored_run(session, name="tiny", events=engine_events("succeeded", steps=3))
+    command = client.get(f"/runs/{run_id}/export/command")
+    assert command.status_code == 200 and "verl.trainer.main_ppo" in command.text
+    assert "trainer.device=cpu" in command.text
+    spec_yaml = client.get(f"/runs/{run_id}/export.yaml")
+    assert spec_yaml.headers["content-disposition"] == f'attachment; filename="run-{run_id}.yaml"'
+    assert "device: cpu" in spec_yaml.text
+    lines = client.get(f"/runs/{run_id}/events.jsonl").text.splitlines()
+    events = [json.loads(line) for line in lines]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert {"status", "attention", "metric", "log"} <= {e["kind"] for e in events}
+    rows = client.get(f"/runs/{run_id}/metrics.csv").text.splitlines()
+    header = rows[0].split(",")
+    assert header[0] == "step" and "perf/tokens_per_s" in header and len(rows) == 4
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]
+
+
+def test_a_run_that_ended_before_its_first_step_says_so_instead_of_empty_charts(client, session):
+    run_id = stored_run(session, name="strict", events=engine_events("critic_strict"),
+                        **{"critic.model.override_config.attn_implementation": "flash_attention_2"})
+    page = soup(client.get(f"/runs/{run_id}").text)
+    assert page.select_one("figure.chart") is None
+    assert page.select_one("#no-metrics").get_text() == "No metrics: the run ended before its first step."
+    changed = [tr["data-key"] for tr in page.select("#spec table.spec-changed tbody tr")]
+    assert "critic.model.override_config.attn_implementation" in changed
+    assert "critic.model.override_config" not in changed  # the emptied mapping is the same change, shown once
+
+
+def test_a_stored_spec_that_no_longer_parses_is_named_not_a_crash(client, session):
+    from app.models import Run
+
+    run_id = stored_run(session, name="old")
+    run = session.get(Run, run_id)
+    run.spec = {**run.spec, "trainer": {**run.spec["trainer"], "total_training_steps": "many"}}
+    session.add(run)
+    session.commit()
+    for path in (f"/runs/new?from={run_id}", f"/runs/{run_id}/export/command", f"/runs/{run_id}/export.yaml"):
+        resp = client.get(path, headers={"Accept": "application/json"})
+        assert resp.status_code == 409, path
+        assert resp.json()["error"]["field"] == "spec"
+    assert client.get(f"/runs/{run_id}").status_code == 200  # the page still shows, without the spec panel

@@ -356,3 +356,48 @@ def test_a_veomni_script_shows_its_engine_on_the_form_the_preview_and_the_run_pa
     assert launched.status_code == 303, launched.text
     page = soup(client.get(launched.headers["location"]).text)
     assert page.select_one("p.model-engine")["data-engine"] == "veomni"
+
+
+def test_the_essentials_are_open_the_rest_folded_with_a_count_of_changes(client):
+    html = client.get("/runs/new").text
+    page = soup(html)
+    open_keys = {el["name"] for el in page.select("#run-form fieldset.group [name]")}
+    assert {"name", "env", "actor_rollout_ref.model.path", "critic.model.path", "algorithm.adv_estimator",
+            "data.train_batch_size", "trainer.total_training_steps",
+            "actor_rollout_ref.model.override_config.attn_implementation",
+            "critic.model.override_config.attn_implementation"} <= open_keys
+    folds = page.select("#run-form details.fold")
+    assert folds and not any(d.has_attr("open") for d in folds), "a fresh form folds everything but the essentials"
+    precision = page.select_one("#fold-precision summary .changed").get_text(strip=True)
+    assert precision == "4 changed"  # the CPU preset computes in fp32 where verl says bfloat16
+    data = form_data(html) | {"actor_rollout_ref.ref.fsdp_config.dtype": "bf16",
+                              "actor_rollout_ref.rollout.temperature": "0.5"}
+    resp = client.post("/runs/preview", data=data, headers={"HX-Request": "true", "X-CSRF-Token": csrf_of(html)})
+    counts = {s["id"]: s.get_text(strip=True) for s in soup(resp.text).select("span.changed[hx-swap-oob]")}
+    assert counts["changed-precision"] == "3 changed" and counts["changed-rollout"] == "2 changed"
+    assert counts["changed-checkpoints"] == "as verl's defaults"
+
+
+def test_a_fold_with_a_problem_opens(client, session):
+    csrf = login(client, session, ["read", "write"])
+    page = client.get("/runs/new").text
+    data = form_data(page) | {"actor_rollout_ref.actor.ppo_mini_batch_size": "-3", "csrf_token": csrf}
+    resp = client.post("/runs", data=data)
+    assert resp.status_code == 422
+    assert soup(resp.text).select_one("#fold-actor").has_attr("open")
+    assert not soup(resp.text).select_one("#fold-rollout").has_attr("open")
+
+
+def test_launch_and_the_verl_command_are_outside_the_previews_scroll_area(client):
+    page = soup(client.get("/runs/new").text)
+    bar = page.select_one("#run-form > .action-bar")
+    assert [b.get_text(strip=True) for b in bar.select("button")] == ["Launch", "Show verl command", "Download YAML"]
+    assert page.select_one(".side .action-bar, .side button.primary") is None
+
+
+def test_each_dtype_is_offered_once(client):
+    page = soup(client.get("/runs/new").text)
+    select = page.select_one("select[name='actor_rollout_ref.ref.fsdp_config.dtype']")
+    assert [o.get_text(strip=True) for o in select.select("option")] == ["bf16", "fp16", "fp32"]
+    assert page.select_one("label[for='f-actor-rollout-ref-ref-fsdp-config-dtype']").get_text(strip=True) == \
+        "reference compute dtype"

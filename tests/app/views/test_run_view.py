@@ -17,16 +17,19 @@ from app.views.run_view import (
     CHARTS,
     aligned_series,
     apply_event,
+    attention_row,
     eager_settings,
     fold,
     format_eta,
     max_of,
     mean_of,
     metric_point,
+    metrics_csv,
     rank_key,
     role_badges,
     series,
     spec_differences,
+    step_line,
 )
 from tests.app.pages_support import ENGINE_EVENTS, engine_events
 
@@ -228,3 +231,21 @@ def test_a_restart_is_logged_and_the_new_ranks_rows_say_where_they_ran_and_what_
         ("10.0.0.9", 4001, before[("actor", 1)].get("node"), False)
     critic = rows[("critic", 1)]
     assert critic.changed and (critic.before.effective, critic.effective) == ("sdpa", "eager")
+
+
+def test_step_line_and_metrics_csv():
+    points = [{"step": 1, "seq": 5, "values": {"critic/rewards/mean": 0.05712, "perf/tokens_per_s": 412.4,
+                                                "perf/step_time_s": 1.918}},
+              {"step": 2, "seq": 9, "values": {"perf/tokens_per_s": 400.0}}]
+    assert step_line(points[0], 12) == "step 1 of 12: reward 0.05712, 412 tokens/s, 1.92 s"
+    assert step_line({"step": 3, "seq": 1, "values": {}}, None) == "step 3"
+    assert metrics_csv(points).splitlines() == ["step,critic/rewards/mean,perf/step_time_s,perf/tokens_per_s",
+                                                "1,0.05712,1.918,412.4", "2,,,400.0"]
+
+
+def test_reasons_keep_their_rule_apart():
+    row = attention_row({"role": "critic", "reasons": [
+        {"rule": "verl-critic-defect", "text": "verl <= 0.9.1 ignores it: attnboard applies it."},
+        "fallback-step: trying sdpa next.", "tried flash_attention_2: no luck"]})
+    assert row.reason_items == [("verl-critic-defect", "verl <= 0.9.1 ignores it: attnboard applies it."),
+                                ("fallback-step", "trying sdpa next."), (None, "tried flash_attention_2: no luck")]

@@ -1,0 +1,119 @@
+"""What the browser suites share: the served app on a fresh data folder (its embedded Ray head on loopback,
+real runs on the tiny CPU preset), Debian's chromium under Playwright, and the helpers that wait on it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.services.ray_runtime import HEAD_RECORD, HeadRecord, free_port, pid_alive, stop_head
+from tests.app.service_support import ray_env
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+ROOT = Path(__file__).resolve().parents[3]
+ACTIVE = ("queued", "starting", "running")
+RUN_TIMEOUT_MS = 150_000
+
+
+class Server:
+    def __init__(self, base: str, db_url: str, data: Path):
+        self.base, self.db_url, self.data = base, db_url, data
+        self.token = ""
+        self.runs: dict[str, int] = {}  # what the tests launched, by purpose
+
+    def api(self, path: str) -> Any:
+        resp = httpx.get(self.base + path, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        resp.raise_for_status()
+        return resp.json()
+
+
+@contextmanager
+def served(data: Path, command: Sequence[str], env: dict[str, str] | None = None) -> Iterator[Server]:
+    """``command`` (given ``--port PORT`` at its end) serving the app on ``data`` until the block ends; then
+    every run still active is cancelled, the server stopped, and the embedded Ray head stopped if still up."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: run ./scripts/setup.sh --test (apt-get install chromium)")
+    port = free_port()
+    env = {**ray_env(None), "ATTNBOARD_DATA_DIR": str(data), "ATTNBOARD_RAY_NUM_CPUS": "2", **(env or {})}
+    proc = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=env)
+    srv = Server(f"http://127.0.0.1:{port}", env.get("ATTNBOARD_DATABASE_URL") or f"sqlite:///{data / 'attnboard.db'}",
+                 data)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(srv.base + "/login", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the app did not start on {srv.base} (exit code {proc.poll()})")
+            time.sleep(0.3)
+        yield srv
+    finally:
+        cancel_active(srv)
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        record = HeadRecord.load(data / HEAD_RECORD)
+        if record is not None and pid_alive(record.pid):
+            stop_head(record.pid)
+
+
+def cancel_active(srv: Server) -> None:
+    """Cancel what is still active and wait for it to end, so the app stops its Ray head on shutdown."""
+    if not srv.token:
+        return
+    headers = {"Authorization": f"Bearer {srv.token}"}
+    try:
+        active = [r["id"] for r in srv.api("/api/runs?limit=100")["data"] if r["status"] in ACTIVE]
+        for run_id in active:
+            httpx.post(f"{srv.base}/api/runs/{run_id}/cancel", headers=headers, timeout=30)
+        deadline = time.monotonic() + 60
+        while active and time.monotonic() < deadline:
+            active = [i for i in active if srv.api(f"/api/runs/{i}")["status"] in ACTIVE]
+            time.sleep(0.5)
+    except httpx.HTTPError:
+        pass  # the server is gone already: the head record below is the last resort
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def expect(locator):
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(locator)
+
+
+def run_id_of(page) -> int:
+    match = re.search(r"/runs/(\d+)$", page.url)
+    assert match, page.url
+    return int(match.group(1))
+
+
+def reveal(page, key: str) -> None:
+    """Open the fold of the run form that holds the input named ``key`` (a click on its summary)."""
+    fold = page.locator(f"details.fold:has([name='{key}'])")
+    if fold.count() and fold.get_attribute("open") is None:
+        fold.locator("summary").click()
