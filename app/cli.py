@@ -236,25 +236,20 @@ SUBMIT_EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CA
 WAIT_CHUNK_S = 300.0
 
 
-def _attention_rows(attention: dict[str, Any], effective: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Per role, its attention payload (every field, ``worker.core.attention_payload``) from the wait answer, else
-    the run's summary (the effective implementation only)."""
-    rows = [{**info, "role": role} for role, info in attention.items()]
-    seen = {row["role"] for row in rows}
-    rows += [{"role": role, "effective": value} for role, value in (effective or {}).items() if role not in seen]
-    return rows
+SUBMIT_COLUMNS = (*SUMMARY_FIELDS, "error")
+"""The columns of ``attnboard submit``'s table: a role's summary fields and, for a role that never loaded, why."""
 
 
-def _print_outcome(run: dict[str, Any], attention: dict[str, Any], base: str) -> None:
+def _print_outcome(run: dict[str, Any], attention: list[dict[str, Any]], base: str) -> None:
+    """The run's end and its attention per role: the rows of ``/wait`` (``app.services.pump.attention_rows``)."""
     out.print(f"run {run['id']} {run['status']}: {run.get('status_reason') or ''}  ({base}/runs/{run['id']})",
               markup=False)
-    rows = _attention_rows(attention, run.get("effective_attention"))
-    if rows:
+    if attention:
         table = Table(title="effective attention per role", title_justify="left")
-        for column in SUMMARY_FIELDS:
-            table.add_column(column.replace("_", " "), no_wrap=True)
-        for row in rows:
-            table.add_row(*(cell(row, c) for c in SUMMARY_FIELDS))
+        for column in SUBMIT_COLUMNS:
+            table.add_column(column.replace("_", " "), no_wrap=column != "error")
+        for row in attention:
+            table.add_row(*(cell(row, c) for c in SUBMIT_COLUMNS))
         out.print(table)
 
 
@@ -268,9 +263,16 @@ def submit_cmd(
     name: Annotated[str | None, typer.Option("--name", help="The run's name.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the run finishes; the exit code tells how.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="With --wait: give up after this many seconds.")] = 3600,
+    env: Annotated[str | None, typer.Option("--env", help="Preflight against this target (a profile: cpu, cuda-sm75, "
+                                            "cuda-sm80-fa2, cuda-sm90-fa2, npu); default: cpu for a CPU spec, "
+                                            "none otherwise.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Submit even when the preflight finds blocking problems.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a run to a server; with --wait, wait for it and print the effective attention per role.
+
+    First the server's preflight (POST /api/preflight) on the target: each problem is printed with its key
+    and a suggested value, and blocking ones refuse the submit (exit 2) unless --force.
 
     Exit codes: 0 submitted (or, with --wait, succeeded); 1 the run failed; 2 invalid spec or request
     (bad file, refused spec, bad token); 3 the run was cancelled; 4 the server (or its Ray) is
@@ -305,6 +307,22 @@ def submit_cmd(
         _fail(f"HTTP {resp.status_code}: {error.get('message', resp.reason_phrase)}", as_json=as_json, code=code,
               http_status=resp.status_code, error_code=error.get("code"), **extra)
 
+    target = env or ("cpu" if imported.spec.trainer.device == "cpu" else None)
+    if target is not None:
+        resp = call("POST", "/api/preflight", json={"spec": body["spec"], "environment": target})
+        if resp.status_code != 200:
+            refused(resp)
+        found = resp.json()
+        for f in found["findings"]:
+            hint = f" (suggested: {f['suggested']})" if f["suggested"] is not None else ""
+            _warn(f"preflight on {target}: {f['key']} = {f['value']!r}: {f['problem']}{hint}")
+        blocking = [f for f in found["findings"] if f["blocking"]]
+        if blocking and not force:
+            keys = ", ".join(dict.fromkeys(f["key"] for f in blocking))
+            _fail(f"preflight on {target}: {len(blocking)} problem{'s' if len(blocking) != 1 else ''} a launch would hit "
+                  f"({keys}); apply the suggested values (adapt: {json.dumps(found['adapt'])}) or pass --force",
+                  as_json=as_json, field=blocking[0]["key"], value=blocking[0]["value"], findings=blocking,
+                  adapt=found["adapt"])
     resp = call("POST", "/api/runs", json=body)
     if resp.status_code != 201:
         refused(resp)
@@ -331,7 +349,7 @@ def submit_cmd(
     if as_json:
         print(json.dumps({"run_id": run["id"], "status": run["status"], "status_reason": run["status_reason"],
                           "timed_out": answer["timed_out"], "exit_code": code,
-                          "attention": _attention_rows(attention, run.get("effective_attention")),
+                          "attention": attention,
                           "url": f"{base}/runs/{run['id']}"}))
     else:
         _print_outcome(run, attention, base)

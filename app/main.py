@@ -27,6 +27,7 @@ from app.models import Run
 from app.models_troubleshooting import Trial
 from app.routes import (
     compare,
+    docs,
     health,
     live_run,
     login,
@@ -53,7 +54,7 @@ from worker.core.contract import host_name
 
 log = logging.getLogger("attnboard")
 
-API_ROUTERS = (health.router, specs.router, runs.router, tools.router, tokens.router)
+API_ROUTERS = (docs.router, health.router, specs.router, runs.router, tools.router, tokens.router)
 # The dashboard, one module per page; /runs/new before /runs/{run_id}.
 PAGE_ROUTERS = (new_run.router, live_run.router, runs_list.router, login.router, compare.router, tokens_page.router)
 
@@ -90,6 +91,8 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         version="0.1.0",
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
+        docs_url=None,  # served by app.routes.docs from the vendored assets, not from a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = make_engine(settings.DATABASE_URL)

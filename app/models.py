@@ -17,7 +17,6 @@ from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint, false
 from sqlmodel import Field, SQLModel
 
-from worker.core.attention_payload import AttentionPayload
 from worker.core.contract import TERMINAL, Kind, RunState
 
 # Constraint names that are the same on SQLite and PostgreSQL, so migrations can refer to them.
@@ -326,9 +325,13 @@ class RunWaitPublic(BaseModel):
 
     run: RunPublic
     timed_out: bool = Field(description="True when the run was still unfinished at the timeout.")
-    attention: dict[str, AttentionPayload] = Field(
-        description="Per role, its attention event (the first rank's; after a restart, the new ranks'): every field "
-                    "of the attention payload (worker.core.attention_payload), described in its schema."
+    attention: list[dict[str, Any]] = Field(
+        description="One row per role (actor, rollout, reference, critic), the shape `attnboard submit --json` prints "
+                    "too: every field of the role's attention payload (worker.core.attention_payload.AttentionPayload: "
+                    "role, rank, requested, effective, observed, sdpa_backend, compute_dtype, status, ...; the first "
+                    "rank's, after a restart the new ranks') and error (null). On a failed or cancelled run a role that "
+                    "never reported has requested (from the spec), effective null, status error and error: its load "
+                    "error or why the run ended first."
     )
 
 

@@ -23,6 +23,7 @@ from app.services.feeds import RunFeed
 from app.views.live_run import (
     checkpoint_context,
     duration_s,
+    eager_remedy_of,
     eager_roles,
     load_view,
     passthrough_of,
@@ -34,6 +35,7 @@ from app.web import add_security_headers, page_context, redirect, render, templa
 from worker.core.roles import SETTINGS
 from worker.interop.verl import export_command, export_yaml
 from worker.spec import PASSTHROUGH_NOTE
+from worker.troubleshoot.classify import eager_remedy
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -41,7 +43,7 @@ router = APIRouter(tags=["pages"], include_in_schema=False)
 def _run_context(request: Request, session: Session, run: Run) -> dict[str, Any]:
     view = load_view(session, run)
     return {**page_context(request), "run": run, "view": view, "charts": CHARTS, "eta": format_eta(view.eta_seconds),
-            "eager_roles": eager_roles(run, view), "passthrough": passthrough_of(run),
+            "eager_remedy": eager_remedy_of(eager_roles(run, view)), "passthrough": passthrough_of(run),
             "passthrough_note": PASSTHROUGH_NOTE, "spec": spec_overview(run),
             "duration": format_eta(duration_s(run, datetime.now(UTC))), **_checkpoints(request, run, view)}
 
@@ -54,6 +56,16 @@ def _checkpoints(request: Request, run: Run, view: RunView) -> dict[str, Any]:
 def run_page(request: Request, run_id: int, _: PageUser, session: SessionDep) -> Response:
     run = runs_service.get_run(session, run_id=run_id)
     return render(request, "run.html", _run_context(request, session, run), block="status")
+
+
+@router.get("/runs/{run_id}/waiting")
+def waiting(request: Request, run_id: int, _: PageUser, session: SessionDep) -> Response:
+    """What a queued run waits for (the scheduler's ``status_reason``, which no event carries), polled by its
+    page; once the run has left the queue, nothing and htmx's "stop polling" status (286)."""
+    run = runs_service.get_run(session, run_id=run_id)
+    if run.status != "queued":
+        return Response(status_code=286)
+    return render(request, "run.html", _run_context(request, session, run), block="waiting")
 
 
 def _download(body: str | Iterator[str], media_type: str, filename: str) -> Response:
@@ -156,7 +168,7 @@ async def run_stream(request: Request, run_id: int, _: PageUser, after: int = 0)
 
         def context(**extra: Any) -> dict[str, Any]:
             return {**base, "view": view, "eta": format_eta(view.eta_seconds), "entry": None,
-                    "eager_roles": eager_roles(run, view), "resume_from": None, **extra}
+                    "eager_remedy": eager_remedy_of(eager_roles(run, view)), "resume_from": None, **extra}
 
         def shared(event: str, block: str, seq: int | None = None, **extra: Any) -> str:
             return feed.rendered(ev.seq, event, lambda: _sse(event, _block(request, block, context(**extra)), seq))
@@ -215,15 +227,17 @@ def cancel(request: Request, run_id: int, principal: PageUser, session: SessionD
 
 @router.post("/runs/{run_id}/retry", dependencies=CSRF)
 async def retry(request: Request, run_id: int, principal: PageUser, session: SessionDep) -> Response:
-    """Retry as it was, or with eager on one role (``eager_on=critic|actor``): the seed's first remedy."""
+    """Retry as it was, or with eager on the roles named (``eager_on=critic``, ``eager_on=actor``, repeatable): the
+    guide's second step, one patch over every setting they use (``eager_remedy``), so one retry recovers them."""
     require_page_write(principal)
     form = await request.form()
-    role = str(form.get("eager_on") or "")
-    keys = {setting.value: setting.attention_key for setting in SETTINGS}
-    if role and role not in keys:
-        raise AppError(422, "invalid_request", f"eager_on {role!r} is not a role with its own attention setting",
-                       field="eager_on", value=role, valid=list(keys))
-    patch = {keys[role]: "eager"} if role else {}
+    roles = [str(r) for r in form.getlist("eager_on") if r]
+    settings = [setting.value for setting in SETTINGS]
+    for role in roles:
+        if role not in settings:
+            raise AppError(422, "invalid_request", f"eager_on {role!r} is not a role with its own attention setting",
+                           field="eager_on", value=role, valid=settings)
+    patch = eager_remedy(roles).patch if roles else {}
     new = await run_in_threadpool(runs_service.retry_run, session, run_id=run_id, patch=patch,
                                   launcher=get_launcher(request))
     return redirect(f"/runs/{new.id}")

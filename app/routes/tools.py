@@ -8,9 +8,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import ConfigDict, Field
 
-from app.deps import ModelRoots, SettingsDep, require_token
+from app.deps import LauncherDep, ModelRoots, SettingsDep, require_token
+from app.errors import AppError
 from app.models import EXAMPLE_SPEC, _Request
 from app.services import interop
+from app.services import preflight as preflight_service
+from worker.spec import SpecError, parse_spec
 
 router = APIRouter(prefix="/api", tags=["tools"])
 
@@ -47,3 +50,18 @@ def import_config(request: Request, body: ImportRequest) -> dict[str, Any]:
     """A verl command line or YAML -> spec + warnings. Errors name the offending token and its position. The text
     is read in a child process: past ``ATTNBOARD_IMPORT_TIMEOUT_S`` the import answers 422 ``import_timeout``."""
     return interop.import_isolated(request.app.state.imports, text=body.text, format=body.format)
+
+
+@router.post("/preflight", dependencies=[Depends(require_token)])
+def preflight(body: ResolveRequest, roots: ModelRoots, launcher: LauncherDep) -> dict[str, Any]:
+    """Everything this launch would hit on the target: each finding with its key, value, problem, a suggested
+    value and whether it blocks the launch (the preview's errors, the device, resources the cluster can never
+    offer, model folders and data files the engine cannot find, verl's placeholder defaults); ``adapt`` is
+    every suggested value as one patch (``POST /api/runs`` with the patched spec), ``remedy`` the attention
+    remedy when roles cannot run."""
+    env = interop.environment_of(body.environment)
+    try:
+        spec = parse_spec(body.spec)
+    except SpecError as exc:
+        raise AppError.from_spec_error(exc) from None
+    return preflight_service.check(spec, env, model_roots=roots, launcher=launcher).as_dict()

@@ -54,9 +54,12 @@ from app.services.events import append_events
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, schedule
 from app.services.trials import TrialPump
+from worker.attention.resolution import ROLES, resolve
 from worker.core.attention_payload import AttentionPayload
 from worker.core.contract import TERMINAL
+from worker.core.environment import PROFILES
 from worker.core.events import read_attention
+from worker.spec import SpecError, parse_spec
 
 log = logging.getLogger("attnboard.pump")
 
@@ -163,19 +166,54 @@ class RunChanges:
             self._waiters.discard(fut)
 
 
-def run_snapshot(engine: Engine, run_id: int) -> tuple[Run, dict[str, AttentionPayload]]:
-    """The run (404 if missing) and its attention summary per role."""
+def attention_rows(run: Run, attention: list[dict[str, Any]], errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The attention of ``/wait`` and ``attnboard submit --json``, one shape for both: a list of rows, one per
+    role in ROLES order: a role that reported has its attention payload (``attention_summary``: every field of
+    ``worker.core.attention_payload.AttentionPayload``, ``role`` first) and ``error`` None; on a failed or
+    cancelled run, a role that did not has ``requested`` from the spec, ``effective`` None, ``status`` error and
+    ``error``: its own load error (an ``error`` event naming the role) or, when the run ended before it loaded,
+    why the run ended."""
+    summary = attention_summary(attention)
+    role_errors = {p["role"]: p for p in errors if isinstance(p.get("role"), str)}
+    ended_early = run.status in TERMINAL and run.status != RunStatus.succeeded.value
+    requested = _requested_per_role(run.spec) if ended_early else {}
+    rows = [{**info.as_dict(), "error": None} for info in summary.values()]
+    for role, wanted in requested.items():
+        if role in summary:
+            continue
+        failed = role_errors.get(role)
+        ended = f"did not load: the run {run.status} ({run.status_reason or 'no reason given'})"
+        why = str(failed.get("message")) if failed else ended
+        rows.append({**AttentionPayload(role=role, requested=wanted, status="error").as_dict(), "error": why})
+    order = {role: i for i, role in enumerate(ROLES)}
+    return sorted(rows, key=lambda r: order.get(r["role"], len(order)))
+
+
+def _requested_per_role(spec: dict[str, Any]) -> dict[str, str]:
+    """What each role of a stored spec asks for (the resolution's ``requested``, which no target changes)."""
+    try:
+        parsed = parse_spec(spec)
+    except SpecError:
+        return {}
+    return {role: r.requested for role, r in resolve(parsed, PROFILES["cpu"]).roles.items()}
+
+
+def run_snapshot(engine: Engine, run_id: int) -> tuple[Run, list[dict[str, Any]]]:
+    """The run (404 if missing) and its attention per role (``attention_rows``)."""
     from app.services.runs import get_run
 
     with Session(engine, expire_on_commit=False) as session:
         run = get_run(session, run_id=run_id)
-        payloads = session.exec(select(Event.payload).where(Event.run_id == run_id, Event.kind == EventKind.attention.value)
-                                .order_by(col(Event.seq))).all()
-    return run, attention_summary(list(payloads))
+        rows = session.exec(select(Event.kind, Event.payload).where(
+            Event.run_id == run_id, col(Event.kind).in_([EventKind.attention.value, EventKind.error.value]))
+            .order_by(col(Event.seq))).all()
+    attention = [p for kind, p in rows if kind == EventKind.attention.value]
+    errors = [p for kind, p in rows if kind == EventKind.error.value]
+    return run, attention_rows(run, attention, errors)
 
 
 async def wait_for_run(engine: Engine, changes: RunChanges, *, run_id: int, timeout: float,
-                       clock: Callable[[], float] = time.monotonic) -> tuple[Run, dict[str, AttentionPayload], bool]:
+                       clock: Callable[[], float] = time.monotonic) -> tuple[Run, list[dict[str, Any]], bool]:
     """Until the run is finished or ``timeout`` (<= 300 s) passed: (run, attention per role, timed_out).
     Sleeps on ``changes`` and looks again at least every 2 s (another process may have changed the run)."""
     from starlette.concurrency import run_in_threadpool

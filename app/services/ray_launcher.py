@@ -293,6 +293,13 @@ class RayLauncher:
                 available[key] = available.get(key, 0.0) + amount
         return total, available
 
+    def cluster_total(self) -> dict[str, float]:
+        """What the cluster has in all (preflight: resources it can never offer); raises LauncherUnavailable."""
+        import ray
+
+        self.connect()
+        return dict(ray.cluster_resources())
+
     def run_folders(self, run_id: int) -> dict[str, Any]:
         """Where the engine puts a run's artefacts (its checkpoints) and the only folder they may be in."""
         if self.checkpoint_root is None:

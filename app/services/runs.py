@@ -21,6 +21,7 @@ from app.errors import AppError, not_found
 from app.models import NAME_MAX, Run, RunCreate, RunStatus, utcnow
 from app.services.common import check_paths, validated_spec
 from app.services.launcher import Launcher, LauncherUnavailable
+from app.services.preflight import refuse_never_fits
 from app.services.specs import get_spec
 from app.services.states import check_transition
 from worker.core.contract import TERMINAL
@@ -80,6 +81,7 @@ def _insert_run(session: Session, *, source: Any, name: str, spec_id: int | None
                 retry_of: int | None, launcher: Launcher | None) -> Run:
     spec, tree, _ = validated_spec(source, launch=True)
     check_paths(session, spec)
+    refuse_never_fits(spec, launcher)
     run = Run(name=name, spec_id=spec_id, spec=tree, environment=environment, retry_of=retry_of,
               total_steps=spec.total_steps)
     session.add(run)

@@ -18,6 +18,29 @@
     }
   });
 
+  /* ---- the new-run form: Launch is disabled while the preview's preflight says roles cannot run their
+     attention (data-launch-blocked); the preview is swapped on every change, the button is not. */
+  function syncLaunch() {
+    var launch = document.getElementById("launch");
+    if (!launch || launch.hasAttribute("data-read-only")) return;
+    var blocked = !!document.querySelector("#preview [data-launch-blocked]");
+    launch.disabled = blocked;
+    if (blocked) launch.title = "Roles cannot run their attention here: apply the remedy in the preview";
+    else launch.removeAttribute("title");
+  }
+  document.addEventListener("htmx:afterSettle", syncLaunch);
+  document.addEventListener("DOMContentLoaded", syncLaunch);
+
+  /* ---- buttons inside the preview (preflight's "Adapt to ..." and "Fall back to eager") submit on the press:
+     a click first moves the focus, a field typed into fires "change", and the preview that request swaps in
+     replaces the pressed button before its click lands, so the click would be lost. Keys still click. */
+  document.addEventListener("mousedown", function (event) {
+    var button = event.target.closest("button[data-press-submits]");
+    if (!button || event.button !== 0 || !button.form || button.disabled) return;
+    event.preventDefault();
+    button.form.requestSubmit(button);
+  });
+
   /* ---- copy to clipboard: <button data-copy="#selector"> */
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-copy]");

@@ -17,6 +17,7 @@ from app.views.run_view import RunView, fold, spec_differences
 from worker.core.roles import Role
 from worker.ppo.advantage import needs_critic
 from worker.spec import RunSpec, SpecError, parse_spec, spec_to_flat
+from worker.troubleshoot.classify import eager_remedy
 
 
 def load_view(session: Session, run: Run) -> RunView:
@@ -45,6 +46,17 @@ def passthrough_of(run: Run) -> dict[str, Any]:
     """The run's verl keys that attnboard does not run (its stored spec's ``verl_passthrough``)."""
     value = run.spec.get("verl_passthrough") if isinstance(run.spec, dict) else None
     return value if isinstance(value, dict) else {}
+
+
+def eager_remedy_of(roles: list[str]) -> dict[str, Any] | None:
+    """The run page's one "retry with eager" offer for ``roles`` (``eager_roles``): the patch and sentence of
+    ``worker.troubleshoot.classify.eager_remedy``, the rule the preview's preflight applies too, over every
+    setting those roles share, so one retry recovers them all; the button's words name the same settings."""
+    if not roles:
+        return None
+    fix = eager_remedy(roles)
+    who = " and ".join(f"the {role}" for role in roles)
+    return {"roles": roles, "patch": fix.patch, "sentence": fix.sentence, "label": f"Retry with eager on {who}"}
 
 
 def eager_roles(run: Run, view: RunView) -> list[str]:

@@ -8,6 +8,8 @@ from typing import Any
 
 from starlette.datastructures import FormData, QueryParams
 
+from app.services import preflight as preflight_service
+from app.services.launcher import Launcher
 from app.services.probes import NodeProbe
 from app.views.run_form import (
     ATTENTION_HELP,
@@ -25,7 +27,8 @@ from app.views.run_form import (
 from worker.attention.preview import preview
 from worker.attention.resolution import Resolution
 from worker.core.environment import PROFILES, Environment
-from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, parse_spec
+from worker.preflight import Preflight, adapt_patch
+from worker.spec import PASSTHROUGH_NOTE, Issue, RunSpec, SpecError, flatten, parse_spec, spec_to_tree
 
 DEFAULT_ENV = "cpu"
 PROBE_ENV = "probe"
@@ -59,11 +62,15 @@ class FormState:
     ``model_roots`` (``ATTNBOARD_MODEL_ROOTS``). Its errors are the form's, beside their inputs; the
     resolution is shown whenever the spec parsed on a known environment, so a launch's refusal and what
     would run are on the page together. ``probe``: the newest probe of a worker node (``NodeProbe``),
-    offered as the ``probe`` environment."""
+    offered as the ``probe`` environment. ``preflight``: everything this launch would hit on the target
+    (``app.services.preflight.check``; ``launcher``: whose cluster's resources it checks), shown in the
+    preview's panel with "adapt to this target"; its attention findings disable Launch."""
 
     def __init__(self, form: dict[str, list[str]] | None = None, *, model_roots: list[Path],
-                 spec: RunSpec | None = None, probe: NodeProbe | None = None, name: str = "", env_name: str = DEFAULT_ENV):
+                 spec: RunSpec | None = None, probe: NodeProbe | None = None, name: str = "", env_name: str = DEFAULT_ENV,
+                 launcher: Launcher | None = None):
         self.errors: dict[str, list[Issue]] = {}
+        self.preflight: Preflight | None = None
         self.warnings: list[Issue] = []
         self.resolution: Resolution | None = None
         self.spec: RunSpec | None = spec
@@ -89,8 +96,29 @@ class FormState:
             for key, found in issues_by_field(shown.errors).items():
                 self.errors.setdefault(key, []).extend(found)
             self.warnings = [i for i in shown.issues if i.severity != "error"]
+            self.preflight = preflight_service.check(self.spec, _environment(self.env_name, self.probe),
+                                                     model_roots=model_roots, launcher=launcher, shown=shown)
         self.values = spec_to_form_values(self.spec) if self.spec is not None and not self.errors else \
             _raw_values(form or {})
+
+    @property
+    def launch_blocked(self) -> bool:
+        """Roles cannot run their attention on the target (strict): a launch would fail at load."""
+        return self.preflight is not None and self.preflight.remedy is not None
+
+    def adaptation(self, *, only_remedy: bool = False) -> dict[str, Any]:
+        """The patch "adapt to this target" applies: every suggested value of the preflight, or only the
+        attention remedy; empty when there is nothing to apply."""
+        if self.preflight is None:
+            return {}
+        return dict((self.preflight.remedy or {}).get("patch", {})) if only_remedy else adapt_patch(self.preflight)
+
+    def adapted(self, patch: dict[str, Any]) -> RunSpec | None:
+        """The spec with ``patch`` (dotted keys) applied; None without a spec or a patch. Raises SpecError when
+        the result does not parse."""
+        if self.spec is None or not patch:
+            return None
+        return parse_spec({**flatten(spec_to_tree(self.spec)), **patch})
 
     @property
     def environment(self) -> str | dict[str, Any]:
@@ -120,6 +148,9 @@ class FormState:
             "export": None,
             "passthrough": self.spec.verl_passthrough if self.spec is not None and not self.errors else {},
             "passthrough_note": PASSTHROUGH_NOTE,
+            "preflight": self.preflight,
+            "adapt": adapt_patch(self.preflight) if self.preflight is not None else {},
+            "launch_blocked": self.launch_blocked,
             **extra,
         }
 

@@ -64,14 +64,34 @@ def test_wait_answers_at_once_for_a_finished_run_with_attention_per_role(client,
     body = client.get(f"/api/runs/{run_id}/wait", params={"timeout": 60}).json()
     assert time.monotonic() - t0 < 5
     assert body["timed_out"] is False and body["run"]["status"] == "succeeded"
-    assert body["attention"]["actor"]["effective"] == "sdpa"
-    critic = body["attention"]["critic"]
-    assert list(critic) == list(FIELDS)  # every field of the one attention payload
+    by_role = {row["role"]: row for row in body["attention"]}
+    assert [row["role"] for row in body["attention"]] == ["actor", "critic"]  # ROLES order, each reported role
+    assert by_role["actor"]["effective"] == "sdpa"
+    critic = by_role["critic"]
+    assert list(critic) == [*FIELDS, "error"]  # every field of the one attention payload, and the row's error
     assert {k: critic[k] for k in ("requested", "effective", "observed", "status", "forced", "fallback", "rank", "node",
-                                   "attempt", "sdpa_backend", "sdpa_backend_reason", "compute_dtype")} == {
+                                   "attempt", "sdpa_backend", "sdpa_backend_reason", "compute_dtype", "error")} == {
         "requested": "sdpa", "effective": "eager", "observed": "eager", "status": "fallback", "forced": False,
         "fallback": False, "rank": 0, "node": None, "attempt": 0, "sdpa_backend": None, "sdpa_backend_reason": None,
-        "compute_dtype": None}
+        "compute_dtype": None, "error": None}
+
+
+def test_a_failed_runs_wait_reports_every_role_with_the_error_or_why_it_ended(client, write_headers):
+    """Issue 17 item 5: a failed run's attention is not empty: the role that could not load has its error,
+    the others what they asked for and why they never loaded."""
+    run_id = _create(client, write_headers)
+    load_error = {"seq": 3, "kind": "error", "payload": {"role": "critic", "message": "critic: flash_attention_2 "
+                  "cannot load: FlashAttention2 has been toggled on, but it cannot be used", "attempts": []}}
+    events = [status_event(1, "starting"), attention_event(2, "actor", "sdpa"), load_error,
+              status_event(4, "failed", "the critic could not load")]
+    assert client.post(f"/api/runs/{run_id}/events", json=events, headers=engine_headers(client, run_id)).status_code == 200
+    body = client.get(f"/api/runs/{run_id}/wait", params={"timeout": 5}).json()
+    rows = {row["role"]: row for row in body["attention"]}
+    assert [row["role"] for row in body["attention"]] == ["actor", "rollout", "reference", "critic"]
+    assert rows["actor"]["effective"] == "sdpa" and rows["actor"]["error"] is None
+    assert (rows["critic"]["requested"], rows["critic"]["effective"], rows["critic"]["status"]) == ("sdpa", None, "error")
+    assert rows["critic"]["error"].startswith("critic: flash_attention_2 cannot load")
+    assert rows["rollout"]["error"] == "did not load: the run failed (the critic could not load)"
 
 
 def test_wait_times_out_on_an_unfinished_run(client, write_headers):
@@ -197,3 +217,26 @@ def test_submit_to_an_unreachable_server_is_exit_4(spec_file):
     assert result.exit_code == 4, result.output
     error = json.loads(result.stdout)["error"]
     assert nowhere in error["message"] and error["field"] == "--server"
+
+
+def test_submit_preflights_on_the_target_and_refuses_what_a_launch_would_hit(server, write_headers, tmp_path):
+    """Issue 17 item 2: the seed-style script on cpu: exit 2 naming each key with the patch that adapts it;
+    nothing submitted. The typo of item 5 (a key verl lacks, without +) is refused with "did you mean"."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "fixtures" / "seed" / "seed_style_qwen.sh"
+    result = CliRunner().invoke(cli, ["submit", str(script), "--server", server, "--token", _token(write_headers),
+                                      "--env", "cpu", "--json"])
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert error["message"].startswith("preflight on cpu: 6 problems a launch would hit")
+    assert error["adapt"]["actor_rollout_ref.model.path"] == "builtin:tiny-llama"
+    assert {f["key"] for f in error["findings"]} == set(error["adapt"])
+    with httpx.Client(base_url=server, headers=write_headers) as http:
+        assert http.get("/api/runs", params={"name": "qwen_seed_style"}).json()["total"] == 0
+
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({**tiny_run_spec(), "trainer": {"total_trainig_steps": 4}}))
+    result = CliRunner().invoke(cli, ["submit", str(typo), "--server", server, "--token", _token(write_headers), "--json"])
+    assert result.exit_code == 2, result.output
+    assert "did you mean trainer.total_training_steps?" in json.loads(result.stdout)["error"]["message"]

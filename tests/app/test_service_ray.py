@@ -35,7 +35,7 @@ from worker.engine import checkpoint
 pytestmark = pytest.mark.ray
 
 CLUSTER_CPUS = 4
-TOO_BIG = 16  # ranks: more than the cluster has, so such runs stay queued without using anything
+TOO_BIG = 16  # ranks: more than the cluster has in all, so such runs are refused (409)
 
 
 def too_big_spec() -> dict:
@@ -176,15 +176,18 @@ def test_a_dead_engine_host_restarts_its_run_through_a_new_host_from_its_checkpo
         [saved[-1]["step"] + 1, saved[-1]["step"] + 2]
 
 
-def test_a_run_that_does_not_fit_stays_queued_saying_what_it_waits_for(served):
+def test_a_run_the_cluster_can_never_fit_is_refused_with_409_naming_the_resources(served):
+    """Preflight at submit: more ranks than the cluster has CPUs in all would wait forever, so it is refused
+    (the key, the value, the rank count that fits); nothing is stored."""
     _, client = served
-    run_id = client.post("/api/runs", json={"name": "too-big", "spec": too_big_spec()}).json()["id"]
-    run = wait_until(client, run_id, lambda r: (r["status_reason"] or "").startswith("waiting for"), timeout=30,
-                     what="a waiting reason")
-    assert run["status"] == "queued" and run["ray_job"] is None
-    assert run["status_reason"].startswith(f"waiting for {TOO_BIG} CPU (")
-    assert f"free of {CLUSTER_CPUS})" in run["status_reason"]
-    assert client.post(f"/api/runs/{run_id}/cancel").json()["status"] == "cancelled"
+    before = client.get("/api/runs", params={"limit": 1}).json()["total"]
+    resp = client.post("/api/runs", json={"name": "too-big", "spec": too_big_spec()})
+    assert resp.status_code == 409, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "never_fits" and error["field"] == "trainer.n_gpus_per_node" and error["value"] == TOO_BIG
+    assert f"{TOO_BIG} CPU" in error["message"] and f"{CLUSTER_CPUS} CPU" in error["message"]
+    assert error["valid"] == f"at most {CLUSTER_CPUS}"
+    assert client.get("/api/runs", params={"limit": 1}).json()["total"] == before
 
 
 def test_a_queued_run_starts_when_the_run_before_it_frees_its_cpus(served):
@@ -209,7 +212,11 @@ def test_a_queued_run_starts_when_the_run_before_it_frees_its_cpus(served):
 
 def test_twenty_clients_submit_five_runs_each_and_every_run_is_accounted_for(served):
     app, client = served
-    spec = too_big_spec()
+    blocker = client.post("/api/runs", json={"name": "blocker", "spec": tiny_run_spec(steps=500, ranks=CLUSTER_CPUS, **{
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1, "critic.ppo_micro_batch_size_per_gpu": 1})}).json()["id"]
+    wait_until(client, blocker, lambda r: r["ray_job"] is not None, timeout=60, what="the blocker launched")
+    spec = tiny_run_spec(steps=1, ranks=CLUSTER_CPUS, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+                                                         "critic.ppo_micro_batch_size_per_gpu": 1})  # waits behind it
     problems: list[str] = []
     lock = threading.Lock()
 
@@ -243,7 +250,7 @@ def test_twenty_clients_submit_five_runs_each_and_every_run_is_accounted_for(ser
     assert by_status == {"cancelled": 60, "queued": 40}, by_status
     assert "database is locked" not in app.tail(10**7)
     assert " 500 " not in app.tail(10**7)
-    for run_id in ids:
+    for run_id in [*ids, blocker]:
         client.post(f"/api/runs/{run_id}/cancel")
 
 

@@ -62,7 +62,7 @@ def test_app_killed_during_a_run_restarts_and_the_run_finishes_once(tmp_path):
         statuses = [e["payload"]["status"] for e in events if e["kind"] == "status"]
         assert statuses == ["queued", "starting", "running", "succeeded"]
         assert [e["payload"]["step"] for e in events if e["kind"] == "metric"] == [1, 2, 3]
-        assert answer["attention"]["actor"]["effective"] == "sdpa"
+        assert {row["role"]: row for row in answer["attention"]}["actor"]["effective"] == "sdpa"
         assert run["effective_attention"]["critic"] == "sdpa"
 
         time.sleep(2)  # the engine host drops the acknowledged run

@@ -109,3 +109,33 @@ def test_yaml_guard_reports_line_and_column():
     with pytest.raises(AppError) as info:
         check_yaml_safety("a: 1\nb: [2, 3\n")
     assert info.value.code == "invalid_yaml" and "line 3" in info.value.message
+
+
+SEED_STYLE = SEED / "seed_style_qwen.sh"
+
+
+def test_preflight_names_every_key_the_seed_style_script_cannot_run_here_with_a_value(client, read_headers):
+    """The issue's script (Hub model, $HOME data, cuda, FA2 by default, no critic model) imported, then
+    preflighted on cpu: each finding has its key and a value that runs; the adapted spec finds nothing."""
+    spec = client.post("/api/import", json={"text": SEED_STYLE.read_text()}, headers=read_headers).json()["spec"]
+    body = client.post("/api/preflight", json={"spec": spec, "environment": "cpu"}, headers=read_headers).json()
+    assert body["ok"] is False and body["target"] == "cpu"
+    kinds = {f["key"]: f["kind"] for f in body["findings"]}
+    assert kinds == {"actor_rollout_ref.model.override_config.attn_implementation": "attention",
+                     "critic.model.override_config.attn_implementation": "attention", "trainer.device": "device",
+                     "actor_rollout_ref.model.path": "model", "critic.model.path": "verl_default",
+                     "data.train_files": "data"}
+    assert body["adapt"] == {"actor_rollout_ref.model.override_config.attn_implementation": "eager",
+                             "critic.model.override_config.attn_implementation": "eager", "trainer.device": "cpu",
+                             "actor_rollout_ref.model.path": "builtin:tiny-llama",
+                             "critic.model.path": "builtin:tiny-llama", "data.train_files": "builtin:count"}
+    assert body["remedy"]["patch"] == {k: v for k, v in body["adapt"].items() if "attn_implementation" in k}
+    adapted = {**spec, **body["adapt"]}
+    again = client.post("/api/preflight", json={"spec": adapted, "environment": "cpu"}, headers=read_headers).json()
+    assert again["ok"] is True, again["findings"]
+
+
+def test_preflight_refuses_an_invalid_spec_naming_the_field(client, read_headers):
+    resp = client.post("/api/preflight", json={"spec": {"trainer.total_trainig_steps": 4}}, headers=read_headers)
+    assert resp.status_code == 422
+    assert "did you mean 'trainer.total_training_steps'" in resp.text

@@ -15,6 +15,7 @@ from worker.core.vocabulary import ModelInfo
 TINY_SHAPE: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                                   "intermediate_size": 128, "max_position_embeddings": 512, "tie_word_embeddings": False}
 """The shape of the built-in presets (``worker.engine.models.PRESETS``)."""
+BUILTIN_PREFIX = "builtin:"
 BUILTIN_ARCHITECTURES: dict[str, str] = {"tiny-llama": "LlamaForCausalLM", "tiny-qwen2": "Qwen2ForCausalLM"}
 """Each built-in preset's model class (a test keeps them equal to ``worker.engine.models.PRESETS``)."""
 
@@ -74,3 +75,46 @@ def preset_info(name: str) -> ModelInfo:
     """A built-in preset's numbers, without building it."""
     return ModelInfo(architecture=BUILTIN_ARCHITECTURES[name], num_attention_heads=TINY_SHAPE["num_attention_heads"],
                      num_key_value_heads=TINY_SHAPE["num_key_value_heads"], hidden_size=TINY_SHAPE["hidden_size"])
+
+
+def model_folder(path: str, roots: list[Path], *, field: str = "model path") -> Path:
+    """The real folder of a (not built-in) model path, refused unless it lies inside one of ``roots``: what
+    the engine loads (``worker.engine.models.resolve_model_path``) and what preflight checks before a launch.
+
+    - A relative path is looked up under each root in turn.
+    - ``..`` components are refused outright; symbolic links are resolved first, so a link inside a
+      root that points outside is refused.
+    - The folder must exist, be a folder, and hold config.json.
+
+    Errors start with ``field`` (e.g. ``critic.model.path``) and the path, and name the allowed roots.
+    I/O: stats the path.
+    """
+    named = f"{field} {path!r}"
+    allowed = ", ".join(str(r) for r in roots) or "(none: set ATTNBOARD_MODEL_ROOTS)"
+    presets = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_ARCHITECTURES)
+    where = f"allowed roots: {allowed}; or a built-in preset: {presets}"
+    raw = Path(path).expanduser()
+    if ".." in raw.parts:
+        raise ModelPathError(f"{named} contains '..'; give a path inside the {where}", field=field, value=path)
+    real_roots = [Path(r).expanduser().resolve() for r in roots]
+    if raw.is_absolute():
+        candidate = raw
+    elif real_roots:
+        existing = [root / raw for root in real_roots if (root / raw).exists()]
+        candidate = existing[0] if existing else real_roots[0] / raw
+    else:
+        raise ModelPathError(f"{named} is not inside the {where}", field=field, value=path)
+    real = candidate.resolve()
+    if not any(real.is_relative_to(root) for root in real_roots):
+        via_link = " (through a symbolic link)" if any(p.is_symlink() for p in (candidate, *candidate.parents)) else ""
+        raise ModelPathError(f"{named} resolves to {str(real)!r}{via_link}, outside the {where}",
+                             field=field, value=path)
+    if not real.exists():
+        raise ModelPathError(f"{named} does not exist ({where})", field=field, value=path)
+    if not real.is_dir():
+        raise ModelPathError(f"{named} is not a folder; a Hugging Face model folder holds config.json",
+                             field=field, value=path)
+    if not (real / "config.json").is_file():
+        raise ModelPathError(f"{named} has no config.json; it is not a Hugging Face model folder",
+                             field=field, value=path)
+    return real

@@ -11,12 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.attention.model_config import BUILTIN_ARCHITECTURES, ModelPathError, model_info, preset_info
+from worker.attention.model_config import BUILTIN_ARCHITECTURES, BUILTIN_PREFIX, ModelPathError, model_info, preset_info
 from worker.attention.resolution import Resolution, resolve
 from worker.core.environment import Environment
 from worker.spec import Issue, ModelInfo, RunSpec, check_spec
-
-BUILTIN_PREFIX = "builtin:"
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,8 @@ from transformers import (
     Qwen2Config,
 )
 
-from worker.attention.model_config import TINY_SHAPE, ModelPathError, model_info
+from worker.attention.model_config import BUILTIN_PREFIX, TINY_SHAPE, ModelPathError, model_folder, model_info
 
-BUILTIN_PREFIX = "builtin:"
 DEFAULT_SEED = 0
 
 # --------------------------------------------------------------------------------------------
@@ -208,35 +207,7 @@ def resolve_model_path(path: str, roots: list[Path], *, cache_dir: Path | str | 
     if is_builtin(path):
         preset_name(path, field=field)
         return ensure_builtin_folder(path, cache_dir if cache_dir is not None else default_cache_dir(), seed=seed)
-    named = f"{field} {path!r}"
-    allowed = ", ".join(str(r) for r in roots) or "(none: set ATTNBOARD_MODEL_ROOTS)"
-    presets = ", ".join(BUILTIN_PREFIX + n for n in PRESETS)
-    where = f"allowed roots: {allowed}; or a built-in preset: {presets}"
-    raw = Path(path).expanduser()
-    if ".." in raw.parts:
-        raise ModelPathError(f"{named} contains '..'; give a path inside the {where}", field=field, value=path)
-    real_roots = [Path(r).expanduser().resolve() for r in roots]
-    if raw.is_absolute():
-        candidate = raw
-    elif real_roots:
-        existing = [root / raw for root in real_roots if (root / raw).exists()]
-        candidate = existing[0] if existing else real_roots[0] / raw
-    else:
-        raise ModelPathError(f"{named} is not inside the {where}", field=field, value=path)
-    real = candidate.resolve()
-    if not any(real.is_relative_to(root) for root in real_roots):
-        via_link = " (through a symbolic link)" if any(p.is_symlink() for p in (candidate, *candidate.parents)) else ""
-        raise ModelPathError(f"{named} resolves to {str(real)!r}{via_link}, outside the {where}",
-                             field=field, value=path)
-    if not real.exists():
-        raise ModelPathError(f"{named} does not exist ({where})", field=field, value=path)
-    if not real.is_dir():
-        raise ModelPathError(f"{named} is not a folder; a Hugging Face model folder holds config.json",
-                             field=field, value=path)
-    if not (real / "config.json").is_file():
-        raise ModelPathError(f"{named} has no config.json; it is not a Hugging Face model folder",
-                             field=field, value=path)
-    return real
+    return model_folder(path, roots, field=field)
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,10 +42,11 @@ from worker.troubleshoot.remedies import (
     ROLE_SECTIONS,
     attn_patch,
     dtype_patch,
+    eager_remedy,
 )
 from worker.troubleshoot.rules import MAX_HEAD_CHARS, MAX_TRACEBACK_CHARS, RULES, Rule, classify
 
 __all__ = ["ACTOR_SP_KEY", "ATTN_KEY", "CATEGORY_STEP", "CONDITIONS", "DTYPE_KEYS", "HALF_DTYPE", "MAX_HEAD_CHARS",
            "MAX_TRACEBACK_CHARS", "ROLE_SECTIONS", "RULES",
            "Category", "Diagnosis", "ErrorInfo", "Remedy", "Rule", "Step", "attn_patch", "classify", "conditions_met",
-           "dtype_patch", "fast_path_implementation", "fast_path_patch", "suggest_return_to_fast_path"]
+           "dtype_patch", "eager_remedy", "fast_path_implementation", "fast_path_patch", "suggest_return_to_fast_path"]

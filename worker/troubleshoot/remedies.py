@@ -5,7 +5,7 @@ is about. Pure."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,22 @@ def who(role: str | None) -> str:
 
 def shown(patch: Mapping[str, Any]) -> str:
     return " and ".join(f"{key}={value}" for key, value in patch.items())
+
+
+def eager_remedy(roles: Iterable[str]) -> Remedy:
+    """The guide's second step for roles that cannot run their attention: eager on every setting those roles
+    share (the actor, rollout and reference share one key), so one retry recovers them all. The preview's
+    preflight, its one-click fix and the run page's retry button all say and apply this one.
+
+    >>> sorted(eager_remedy(["critic", "actor"]).patch)
+    ['actor_rollout_ref.model.override_config.attn_implementation', 'critic.model.override_config.attn_implementation']
+    """
+    sections = sorted({ROLE_SECTIONS[r] for r in roles})
+    patch = {ATTN_KEY.format(section=s): Impl.eager.value for s in sections}
+    names = " and ".join("the critic" if s == "critic" else "the actor, rollout and reference" for s in sections)
+    sentence = (f"Fall back to eager on {names} (the guide's order: check compatibility, then eager, then the "
+                f"hardware, then read the error): set {shown(patch)}.")
+    return Remedy(patch, sentence)
 
 
 def node_context(ctx: MatchContext, env: Environment | None = None, **learned: Any) -> Context:

@@ -109,6 +109,55 @@ def test_stream_resumes_after_last_event_id_without_repeats(client, session, res
 
 
 
+def test_one_retry_with_eager_patches_every_failing_setting_with_the_remedys_words(client, session):
+    """Issue 17 item 3: the button, its sentence and the patch come from one rule (classify.eager_remedy, the one
+    the preview's preflight applies); a retry naming the actor and the critic sets eager on both, so one retry
+    recovers every role that failed the same way."""
+    login(client, session, ["read", "write"])
+    run_id = stored_run(session, name="strict", events=engine_events("critic_strict"))
+    html = client.get(f"/runs/{run_id}").text
+    page = soup(html)
+    forms = page.select("#actions form.eager-remedy")
+    assert len(forms) == 1
+    assert [i["value"] for i in forms[0].select("input[name='eager_on']")] == ["critic"]
+    sentence = page.select_one("#actions .remedy-sentence").get_text()
+    assert sentence.startswith("Fall back to eager on the critic") and \
+        "critic.model.override_config.attn_implementation=eager" in sentence
+    resp = client.post(f"/runs/{run_id}/retry", data={"eager_on": ["actor", "critic"], "csrf_token": csrf_of(html)},
+                       follow_redirects=False)
+    assert resp.status_code == 303, resp.text
+    spec = client.get(f"/api/runs/{int(resp.headers['location'].rsplit('/', 1)[1])}").json()["spec"]
+    assert spec["actor_rollout_ref"]["model"]["override_config"]["attn_implementation"] == "eager"
+    assert spec["critic"]["model"]["override_config"]["attn_implementation"] == "eager"
+    bad = client.post(f"/runs/{run_id}/retry", data={"eager_on": "rollout", "csrf_token": csrf_of(html)})
+    assert bad.status_code == 422 and "eager_on 'rollout' is not a role with its own attention setting" in bad.text
+
+
+def test_a_queued_run_says_what_it_waits_for_on_its_page_and_in_the_list(client, session):
+    """Issue 17 item 2: the scheduler's reason (no event carries it) is on the page, polled while queued, and in
+    the list; once the run left the queue the poll answers 286 (htmx stops)."""
+    from app.models import Run
+
+    run_id = stored_run(session, name="waits")
+    run = session.get(Run, run_id)
+    run.status_reason = "waiting for 8 CPU (2 free of 2)"
+    session.add(run)
+    session.commit()
+    page = soup(client.get(f"/runs/{run_id}").text)
+    waiting = page.select_one("#waiting")
+    assert waiting.get_text(strip=True) == "waiting for 8 CPU (2 free of 2)"
+    assert waiting["hx-get"] == f"/runs/{run_id}/waiting"
+    polled = client.get(f"/runs/{run_id}/waiting", headers={"HX-Request": "true"}).text
+    assert soup(polled).select_one("body") is None  # the fragment only
+    assert soup(polled).select_one("#waiting").get_text(strip=True) == "waiting for 8 CPU (2 free of 2)"
+    listed = soup(client.get("/").text).select_one(f"tr[data-run='{run_id}'] .status-reason")
+    assert listed.get_text(strip=True) == "waiting for 8 CPU (2 free of 2)"
+    run.status = "cancelled"
+    session.add(run)
+    session.commit()
+    assert client.get(f"/runs/{run_id}/waiting").status_code == 286
+
+
 def test_run_page_shows_the_spec_times_and_what_to_do_with_them(client, session):
     run_id = stored_run(session, name="tiny", events=engine_events("succeeded", steps=3))
     page = soup(client.get(f"/runs/{run_id}").text)

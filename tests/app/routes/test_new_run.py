@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,9 @@ from tests.app.pages_support import (
 )
 from worker.core.limits import MAX_INPUT_BYTES
 
+ATTN_KEYS = ("actor_rollout_ref.model.override_config.attn_implementation",
+             "critic.model.override_config.attn_implementation")
+SEED_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "seed"
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
@@ -217,7 +221,8 @@ def test_imported_pass_through_keys_are_shown_launched_and_listed(client, sessio
     assert "from the environment, kept verbatim: HOME" in notes
     assert form.select_one("textarea[name='verl_passthrough']").get_text().startswith("data.val_files: $HOME/data/")
     assert _passthrough_rows(resp.text) == PASSED_KEYS
-    data = form_data(resp.text) | {"name": "with pass-through", "csrf_token": csrf}
+    # the script keeps verl's flash_attention_2 on a CPU under strict: Launch is disabled until eager is set
+    data = form_data(resp.text) | {"name": "with pass-through", "csrf_token": csrf} | dict.fromkeys(ATTN_KEYS, "eager")
     preview = client.post("/runs/preview", data=data, headers={"HX-Request": "true"})
     assert _passthrough_rows(preview.text) == PASSED_KEYS
     launched = client.post("/runs", data=data, follow_redirects=False)
@@ -265,6 +270,59 @@ def test_the_forms_import_goes_through_the_apis_guard(client, read_headers, text
     message = api.json()["error"]["message"]
     assert code_words in message
     assert message.removeprefix("text: ") in shown
+
+
+def test_strict_flash_attention_on_cpu_disables_launch_and_one_click_applies_eager_everywhere(client, session):
+    """Issue 17 journey (c) without a browser: the preview's preflight says every role fails, Launch is
+    disabled (and refused by the server), the remedy's one click sets eager on both settings, then Launch."""
+    csrf = login(client, session, ["read", "write"])
+    page = client.get("/runs/new").text
+    data = form_data(page) | dict.fromkeys(ATTN_KEYS, "flash_attention_2") | {"csrf_token": csrf}
+    shown = soup(client.post("/runs/preview", data=data, headers={"HX-Request": "true"}).text)
+    panel = shown.select_one("#preflight")
+    assert panel["data-launch-blocked"] == "true"
+    assert "Fall back to eager" in panel.select_one(".remedy-sentence").get_text()
+    assert {li["data-key"] for li in panel.select("li.finding.kind-attention")} == set(ATTN_KEYS)
+    assert client.post("/runs", data=data, follow_redirects=False).status_code == 422
+    full = soup(client.post("/runs", data=data, follow_redirects=False).text)
+    assert full.select_one("#launch").has_attr("disabled")
+
+    fixed = client.post("/runs/adapt", data=data | {"apply": "remedy"}, headers={"HX-Request": "true"})
+    assert fixed.status_code == 200, fixed.text
+    form = soup(fixed.text)
+    assert [li.get_text(strip=True) for li in form.select("#adapt-notes li")] == [f"{k} = eager" for k in ATTN_KEYS]
+    values = form_data(fixed.text)
+    assert [values[k] for k in ATTN_KEYS] == ["eager", "eager"]
+    assert not form.select_one("#preflight").has_attr("data-launch-blocked")
+    assert not form.select_one("#launch").has_attr("disabled")
+    resp = client.post("/runs", data=values | {"csrf_token": csrf}, follow_redirects=False)
+    assert resp.status_code == 303, resp.text
+    spec = client.get(f"/api/runs/{int(resp.headers['location'].rsplit('/', 1)[1])}").json()["spec"]
+    assert spec["critic"]["model"]["override_config"]["attn_implementation"] == "eager"
+
+
+def test_an_imported_seed_style_script_is_adapted_to_the_target_in_one_click(client, session):
+    """Issue 17 journey (b) without a browser: the script's Hub model, $HOME data, cuda device, FA2 default and
+    verl's placeholder critic model are each named with a value; "adapt to cpu" applies them all at once."""
+    csrf = login(client, session, ["read", "write"])
+    script = (SEED_DIR / "seed_style_qwen.sh").read_text()
+    imported = client.post("/runs/import", data={"verl_text": script, "csrf_token": csrf}, headers={"HX-Request": "true"})
+    panel = soup(imported.text).select_one("#preflight")
+    found = {li["data-key"]: li.select_one(".suggested code").get_text() for li in panel.select("li.finding")}
+    assert found == {ATTN_KEYS[0]: "eager", ATTN_KEYS[1]: "eager", "trainer.device": "cpu",
+                     "actor_rollout_ref.model.path": "builtin:tiny-llama", "critic.model.path": "builtin:tiny-llama",
+                     "data.train_files": "builtin:count"}
+    assert "Hugging Face Hub id" in panel.select_one("li[data-key='actor_rollout_ref.model.path']").get_text()
+    assert "holds verl's default" in panel.select_one("li[data-key='critic.model.path']").get_text()
+    assert panel.select_one("#adapt-to-target").get_text(strip=True) == "Adapt to cpu (6 keys)"
+
+    data = form_data(imported.text) | {"csrf_token": csrf}
+    adapted = client.post("/runs/adapt", data=data | {"apply": "all"}, headers={"HX-Request": "true"})
+    form = soup(adapted.text)
+    assert form.select_one("#preflight .ok-line").get_text() == "Nothing this launch would hit here."
+    values = form_data(adapted.text)
+    assert values["data.train_files"] == "builtin:count" and values["trainer.device"] == "cpu"
+    assert len(form.select("#adapt-notes li")) == 6
 
 
 VEOMNI_SCRIPT = """python3 -m verl.trainer.main_ppo model_engine=veomni algorithm.adv_estimator=gae \\

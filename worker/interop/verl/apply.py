@@ -194,6 +194,9 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
         raise VerlImportError(_unknown_key_message(key), override.word.raw, override.word.position)
     if kind == "unknown" and not command_line:
         near = nearest_key(key) or nearest_verl_key(key)
+        typo = near is not None and "." in key and near.rsplit(".", 1)[0] == key.rsplit(".", 1)[0]
+        if typo and override.op == "set":  # trainer.total_trainig_steps: a typo in a section verl has, refused as
+            raise VerlImportError(_unknown_key_message(key), override.word.raw, override.word.position)
         state.warn(f"{key} is not in verl {VERL_VERSION}'s config: a config file adds it (passed through as "
                    f"+{key}){f'; did you mean {near}?' if near else ''}")
     if kind in ("verl", "hydra", "unknown"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -52,15 +53,26 @@ def test_yaml_small_aliases_are_fine() -> None:
     assert result.spec.actor_rollout_ref.actor.optim.lr == result.spec.critic.optim.lr == 2e-6
 
 
+@pytest.mark.parametrize("text,key,near", [
+    ("trainer:\n  nnodes: 1\n  nnodez: 2\n", "trainer.nnodez", "trainer.nnodes"),
+    ("trainer:\n  total_trainig_steps: 4\n", "trainer.total_trainig_steps", "trainer.total_training_steps"),
+])
+def test_yaml_typo_of_a_key_in_its_section_is_refused_with_did_you_mean(text: str, key: str, near: str) -> None:
+    """Issue 17 item 5: a key verl's section lacks, one edit from a key it has, is a typo: refused (verl's Hydra
+    refuses it without +), not passed through to train 960 steps."""
+    with pytest.raises(VerlImportError, match=re.escape(f"unknown key {key}: ") + ".*" + re.escape(f"did you mean {near}?")):
+        import_yaml(text)
+
+
 @pytest.mark.parametrize(
     "text,expected,warnings",
     [
         ("", {}, []),
         ("trainer:\n  logger: [console]\n  project_name: 2024\n", {"trainer.project_name": "2024"},
          [PASSED.format("trainer.logger")]),
-        ("trainer:\n  nnodes: 1\n  nnodez: 2\n", {"trainer.nnodes": 1},
-         ["trainer.nnodez is not in verl 0.9.1's config: a config file adds it (passed through as +trainer.nnodez); "
-          "did you mean trainer.nnodes?", PASSED.format("+trainer.nnodez")]),
+        ("trainer:\n  nnodes: 1\n  my_own_flag: 2\n", {"trainer.nnodes": 1},
+         ["trainer.my_own_flag is not in verl 0.9.1's config: a config file adds it (passed through as "
+          "+trainer.my_own_flag)", PASSED.format("+trainer.my_own_flag")]),
         ("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 2\n",
          {"actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": 2},
          ["actor_rollout_ref.actor.ulysses_sequence_parallel_size is deprecated in verl; read as "
