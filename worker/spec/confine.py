@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.spec.schema import DEFAULT_LOCAL_DIR, Issue, RunSpec
+from worker.spec.runspec import RunSpec
+from worker.spec.schema import DEFAULT_LOCAL_DIR, Issue
 
 BUILTIN_PREFIX = "builtin:"
 

@@ -8,7 +8,7 @@ accepts depend on the engine: ``actor_rollout_ref.actor.veomni.attn_implementati
 ``model_engine`` config in verl 0.9.1 (its ``engine/automodel.yaml`` serves the SFT trainer's ``engine=automodel``);
 newer verl's ``model_engine=automodel`` places it under ``actor_rollout_ref.{actor,ref}.automodel_config``.
 
-Pure data and lookups, no I/O; ``worker.spec.schema`` turns them into the spec's issues.
+Pure data and lookups, no I/O; ``worker.spec.checks`` turns them into the spec's issues.
 """
 
 from __future__ import annotations

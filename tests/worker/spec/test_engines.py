@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from worker.spec import check_spec, classify_key, needs_plus, parse_spec
+from worker.spec.checks import MEGATRON_LAUNCH_MESSAGE
 from worker.spec.engines import (
     ModelEngine,
     engine_default,
@@ -14,7 +15,6 @@ from worker.spec.engines import (
     key_outside_engine,
     retired_message,
 )
-from worker.spec.schema import MEGATRON_LAUNCH_MESSAGE
 
 VEOMNI_ATTN = "actor_rollout_ref.actor.veomni.attn_implementation"
 FSDP_KEY = "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params"

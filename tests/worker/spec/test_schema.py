@@ -217,7 +217,7 @@ def test_unknown_keys_are_capped_per_spec(where):
     """5,000 unknown keys cost ~MAX_SUGGESTED_KEYS "did you mean" matches, not 5,000 (issue 18: 8.3 s of CPU)."""
     import time
 
-    from worker.spec.schema import MAX_SUGGESTED_KEYS, MAX_UNKNOWN_KEYS
+    from worker.spec.keys import MAX_SUGGESTED_KEYS, MAX_UNKNOWN_KEYS
 
     keys = {f"trainer.totl_training_steps_{i}": 1 for i in range(1_900)}
     data = keys if where == "spec" else {"verl_passthrough": keys}

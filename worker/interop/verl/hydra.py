@@ -11,7 +11,7 @@ from typing import Any, Literal
 from worker.interop.shell import Word
 from worker.interop.verl.results import PPO_CONFIG_NAMES, RETIRED_CONFIG_WARNING, VerlImportError
 from worker.spec.engines import MODEL_ENGINE_KEY, RETIRED_CONFIGS
-from worker.spec.schema import HYDRA_WRITABLE_KEY
+from worker.spec.passthrough import HYDRA_WRITABLE_KEY
 from worker.spec.verl_defaults import VERL_VERSION
 
 # --------------------------------------------------------------------------------------------
