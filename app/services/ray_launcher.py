@@ -4,8 +4,8 @@ run's controller and keeps warm rank actors), started FIFO when the cluster has 
 Submitting only checks that Ray is reachable (503 otherwise; the run stays ``queued`` with its spec)
 and wakes the scheduler. The scheduler (``schedule``, called by the supervisor thread in
 ``app.services.pump``) reads the queue from the database: queued runs without a controller, oldest
-first. A run starts when its ranks fit (1 CPU per rank on CPU; 1 CPU + 1 GPU per rank otherwise, as
-the controller asks Ray); otherwise it stays ``queued`` and ``status_reason`` says what it waits for.
+first. A run starts when its ranks fit (per rank the CPUs ``worker.core.resources.rank_cpus`` gives, plus
+1 GPU off CPU, as the controller asks Ray); otherwise it stays ``queued`` and ``status_reason`` says what it waits for.
 A run that needs more than the whole cluster does not hold up the runs behind it.
 
 Resource accounting keeps the state in the database and Ray: free = min(cluster total - what our
@@ -27,6 +27,7 @@ from sqlmodel import Session, col, select
 from app.models import TERMINAL_STATUSES, Run, RunStatus
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_runtime import RayRuntime, RayUnavailable
+from worker.core.resources import Cluster, rank_cpus, run_resources
 
 log = logging.getLogger("attnboard.scheduler")
 
@@ -52,12 +53,15 @@ class Need:
     resources: Mapping[str, float]
 
     @classmethod
-    def of_spec(cls, spec: Mapping[str, Any]) -> Need:
-        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each 1 CPU, plus 1 GPU off CPU."""
+    def of_spec(cls, spec: Mapping[str, Any], cluster: Cluster) -> Need:
+        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each the CPUs ``rank_cpus`` gives
+        for ``attnboard.rank_cpus`` on ``cluster``, plus 1 GPU off CPU."""
         trainer = spec.get("trainer", {}) if isinstance(spec, Mapping) else {}
+        ours = spec.get("attnboard", {}) if isinstance(spec, Mapping) else {}
         world = int(trainer.get("nnodes", 1)) * int(trainer.get("n_gpus_per_node", 1))
         device = trainer.get("device", "cuda")
-        return cls({"CPU": world} if device == "cpu" else {"CPU": world, "GPU": world})
+        cpus = rank_cpus(int(ours.get("rank_cpus", 0) or 0), device=device, world=world, cluster=cluster)
+        return cls(run_resources(device, world, cpus))
 
     def fits(self, free: Mapping[str, float]) -> bool:
         return all(free.get(k, 0.0) >= v for k, v in self.resources.items())
@@ -245,12 +249,13 @@ class RayLauncher:
         except Exception as exc:
             log.warning("run %s: could not stop it in the engine host: %s", run_id, exc)
 
-    def cluster_resources(self) -> tuple[dict[str, float], dict[str, float]]:
-        """(total, available); available includes what the engine's idle warm ranks hold, since a run takes
-        those first."""
+    def cluster_resources(self) -> tuple[dict[str, float], dict[str, float], Cluster]:
+        """(total, available, the CPUs a rank's share derives from); available includes what the engine's idle
+        warm ranks hold, since a run takes those first."""
         import ray
 
         total, available = dict(ray.cluster_resources()), dict(ray.available_resources())
+        nodes = Cluster.of_nodes(ray.nodes())
         host = self.find_host()
         if host is not None:
             try:
@@ -260,7 +265,7 @@ class RayLauncher:
                 idle = {}
             for key, amount in idle.items():
                 available[key] = available.get(key, 0.0) + amount
-        return total, available
+        return total, available, nodes
 
     def run_folders(self, run_id: int) -> dict[str, Any]:
         """Where the engine puts a run's artefacts (its checkpoints) and the only folder they may be in."""
@@ -300,14 +305,14 @@ def schedule(session: Session, launcher: RayLauncher) -> list[int]:
         return []
     try:
         launcher.connect()
-        total, available = launcher.cluster_resources()
+        total, available, nodes = launcher.cluster_resources()
     except LauncherUnavailable as exc:
         _set_reasons(session, {run.id: f"waiting for Ray: {exc}" for run in queued})
         return []
     held_rows = session.exec(select(Run.spec).where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).all()
-    free = free_resources(total, available, [Need.of_spec(spec) for spec in held_rows])
+    free = free_resources(total, available, [Need.of_spec(spec, nodes) for spec in held_rows])
     by_id = {run.id: run for run in queued}
-    decisions = plan_queue([(run.id, Need.of_spec(run.spec)) for run in queued], free, total)
+    decisions = plan_queue([(run.id, Need.of_spec(run.spec, nodes)) for run in queued], free, total)
     started = []
     for decision in decisions:
         if decision.start and _start(session, launcher, by_id[decision.run_id]):

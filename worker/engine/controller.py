@@ -29,6 +29,7 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 from worker.attention.resolution import ModelSupport, resolve
 from worker.core.contract import NAMESPACE
 from worker.core.environment import Environment
+from worker.core.resources import rank_cpus
 from worker.engine import checkpoint, compute, models
 from worker.engine import plan as planning
 from worker.engine.checkpoint import Checkpoint, CheckpointError
@@ -36,7 +37,7 @@ from worker.engine.dispatch import Dispatch, Mesh, check_resources, concat_batch
 from worker.engine.events import Event, EventLog, Kind, RunState
 from worker.engine.probe import environment_fields
 from worker.engine.rank import RankWorker, RoleLoadError
-from worker.engine.ranks import FreshRanks, RankSource, rank_name
+from worker.engine.ranks import FreshRanks, RankSource, cluster, rank_name
 from worker.engine.ranks import kill as kill_rank
 from worker.ppo import core_algos as ppo_math
 from worker.spec import RunSpec, check_spec, parse_spec, spec_to_tree
@@ -225,6 +226,7 @@ class Trainer:
         self._resume_decided = False
         self.placements: list[dict[str, Any]] = []
         self.total_steps = spec.total_steps or 0
+        self.rank_cpus = 1  # what each rank asks Ray for and its torch threads (``worker.core.resources``), set at start
 
     # ---- control
 
@@ -322,7 +324,8 @@ class Trainer:
         with self._lock:
             group, self.group = self.group, None
         if group is not None:
-            self.ranks.release(group.handles, device=self.spec.trainer.device, reusable=reusable and group.idle)
+            self.ranks.release(group.handles, device=self.spec.trainer.device, reusable=reusable and group.idle,
+                               cpus=self.rank_cpus)
             with self._lock:
                 self._held = [h for h in self._held if h not in group.handles]
 
@@ -454,7 +457,8 @@ class Trainer:
         available = dict(ray.available_resources())
         for key, amount in self.ranks.idle_resources().items():  # idle warm ranks are ours to take
             available[key] = available.get(key, 0.0) + amount
-        check_resources(device=device, world=world, available=available)
+        self.rank_cpus = rank_cpus(spec.attnboard.rank_cpus, device=device, world=world, cluster=cluster())
+        check_resources(device=device, world=world, available=available, per_rank_cpus=self.rank_cpus)
         meshes = {"actor": Mesh(world, spec.actor_sp), "critic": Mesh(world, spec.critic_sp if spec.has_critic else 1)}
         self._start_ranks(device, world, meshes)
         group = self.group
@@ -509,7 +513,7 @@ class Trainer:
                                  "resumed_from": {"step": point.step, "path": str(point.path)}})
 
     def _start_ranks(self, device: str, world: int, meshes: dict[str, Mesh]) -> None:
-        acquired = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world)
+        acquired = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world, cpus=self.rank_cpus)
         handles = acquired.handles
         group = WorkerGroup(handles, meshes, lambda: self.cancelled)
         with self._lock:
@@ -523,8 +527,10 @@ class Trainer:
         addr, port = group.wait([handles[0].address.remote()], [0])[0]
         group.call("init_process_group", addr, port, sorted({m.sp for m in meshes.values()}))
         started = f"{acquired.warm} warm, {world - acquired.warm} new" if acquired.warm else "all new"
-        self.log.emit(Kind.log, {"message": f"{world} rank workers up ({device}, {started}, process group on "
-                                            f"{addr}:{port})", "pids": self.pids, "warm": acquired.warm,
+        self.log.emit(Kind.log, {"message": f"{world} rank workers up ({device}, {self.rank_cpus} CPU(s) and torch "
+                                            f"thread(s) each, {started}, process group on {addr}:{port})",
+                                 "pids": self.pids, "warm": acquired.warm, "rank_cpus": self.rank_cpus,
+                                 "threads": [p.get("threads") for p in self.placements],
                                  "nodes": [p["node"] for p in self.placements], "attempt": self.restarts})
 
     def _emit_attention(self, report: dict[str, Any], resolution) -> None:

@@ -21,8 +21,8 @@ Payloads by kind:
   response_length/mean, perf/tokens_per_s, perf/step_time_s, perf/max_memory_mb,
   training/rollout_probs_diff_mean, ...), ``peak_memory_mb`` ({rank: MiB}: max RSS on CPU,
   ``torch.cuda.max_memory_allocated`` on GPU).
-- ``log``: ``message`` and context (``pids`` of the ranks and how many came ``warm`` from the pool, the ``resolution``
-  preview, a saved ``path``).
+- ``log``: ``message`` and context (``pids`` of the ranks and how many came ``warm`` from the pool, the
+  ``rank_cpus`` each holds and the torch ``threads`` each runs, the ``resolution`` preview, a saved ``path``).
 - ``error``: ``message``; ``rank``, ``cause``, ``died``, ``traceback`` for a rank failure; ``role``,
   ``attempts``, ``diagnosis``, ``policy`` for a role that could not load; ``field`` and ``issues`` for a
   checkpoint that cannot be resumed.

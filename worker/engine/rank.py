@@ -212,9 +212,9 @@ def _full_gradients(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 class RankWorker:
     """A rank. Created by the controller with ``ray.remote(RankWorker).options(...)``."""
 
-    def __init__(self, rank: int, world: int, run_id: str, device: str = "cpu"):
+    def __init__(self, rank: int, world: int, run_id: str, device: str = "cpu", threads: int = 1):
         self.rank, self.world, self.run_id, self.device = rank, world, run_id, device
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)  # the CPUs it asked Ray for (``worker.core.resources.rank_cpus``)
         self.roles: dict[str, _Loaded] = {}
         self.sp_groups: dict[int, compute.SeqParallel] = {}
         self.tokenizer_folder: str | None = None
@@ -577,8 +577,9 @@ class RankWorker:
 
     @register(Dispatch.ONE_TO_ALL)
     def placement(self) -> dict[str, Any]:
-        """Where this rank runs: its node's address and its pid (a restarted rank may land elsewhere)."""
-        return {"rank": self.rank, "node": self.address()[0], "pid": os.getpid()}
+        """Where this rank runs: its node's address, its pid (a restarted rank may land elsewhere) and the torch
+        threads it computes with."""
+        return {"rank": self.rank, "node": self.address()[0], "pid": os.getpid(), "threads": torch.get_num_threads()}
 
     @register(Dispatch.ONE_TO_ALL)
     def shutdown(self) -> None:

@@ -281,7 +281,7 @@ def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray,
     ray.get(host.configure.remote(2, "cpu"))
     try:
         warm = _wait_pool(host, lambda p: p["idle"] == 2, timeout=120)
-        assert warm["idle_resources"] == {"CPU": 2.0}
+        assert warm["idle_resources"] == {"CPU": 4.0}  # the local Ray's 4 CPUs shared by a run of 2 ranks
         pids = []
         for n in range(2):
             controller = launch_controller(spec_to_tree(tiny_spec(steps=1)), run_id=f"warm-{n}", cache_dir=str(cache_dir))
@@ -289,7 +289,9 @@ def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray,
                                and ev[-1]["payload"]["state"] in ("succeeded", "failed"), timeout=240)
             assert states(events)[-1] == "succeeded", of(events, "error")
             up = next(p for p in of(events, "log") if "pids" in p)
-            assert up["warm"] == 2 and "(cpu, 2 warm, 0 new, process group on 127.0.0.1:" in up["message"]
+            assert up["warm"] == 2 and up["rank_cpus"] == 2
+            assert "(cpu, 2 CPU(s) and torch thread(s) each, 2 warm, 0 new, process group on 127.0.0.1:" in up["message"]
+            assert up["threads"] == [2, 2]  # what torch.get_num_threads() says in each rank
             pids.append(sorted(up["pids"]))
             assert ray.get(host.pool_status.remote())["idle"] == 2  # back before the final status
             _finish(controller, events)
@@ -303,7 +305,7 @@ def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray,
         _processes_gone(pids[0])
         _finish(controller, events)
         refilled = _wait_pool(host, lambda p: p["idle"] == 2, timeout=120)
-        assert refilled["idle_resources"] == {"CPU": 2.0}
+        assert refilled["idle_resources"] == {"CPU": 4.0}
     finally:
         ray.get(host.configure.remote(0, "cpu"))
     assert ray.get(host.pool_status.remote())["idle"] == 0

@@ -349,11 +349,23 @@ def test_pool_settings_name_the_bad_value(target, device, message):
     assert str(info.value) == message
 
 
-def test_each_rank_asks_ray_for_one_cpu_and_one_gpu_off_cpu():
+def test_each_rank_asks_ray_for_its_cpus_and_one_gpu_off_cpu():
     from worker.engine.ranks import rank_resources
 
     assert rank_resources("cpu") == {"num_cpus": 1}
+    assert rank_resources("cpu", 2) == {"num_cpus": 2}
     assert rank_resources("cuda") == {"num_cpus": 1, "num_gpus": 1}
+
+
+@pytest.mark.parametrize("target,setting,device,expected", [
+    (1, 0, "cpu", 4), (2, 0, "cpu", 4), (4, 0, "cpu", 2), (0, 0, "cpu", 4), (1, 0, "cuda", 1), (1, 2, "cpu", 2),
+    (2, 3, "cuda", 3),
+])
+def test_warm_ranks_hold_what_each_rank_of_a_run_of_target_ranks_derives(target, setting, device, expected):
+    from worker.core.resources import Cluster
+    from worker.engine.ranks import PoolSettings
+
+    assert PoolSettings(target, device, setting).rank_cpus(Cluster(total_cpus=8, node_cpus=4)) == expected
 
 
 def _tiny_llama(impl: str) -> LlamaForCausalLM:

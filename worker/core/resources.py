@@ -1,0 +1,63 @@
+"""What one rank asks Ray for and how many torch threads it runs: one meaning for the engine, which asks
+(``worker.engine.ranks``), and the app's queue, which counts (``app.services.ray_launcher``). Pure: the app
+imports this without torch or Ray.
+
+A rank runs ``torch.set_num_threads(cpus)`` on the CPUs it holds, so a rank on a 2-core node alone uses
+both cores and two ranks there use one each. ``attnboard.rank_cpus`` sets ``cpus``; 0 (the default)
+derives it from the cluster: on ``cpu``, the CPUs of the cluster shared among the run's ranks (on the
+embedded head, one node: its CPUs divided by the world size), never more than the smallest node has and
+at least 1; on ``cuda`` (the GPU does the work), 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the CPU derivation reads of a Ray cluster: its CPUs in all and those of its smallest node."""
+
+    total_cpus: float
+    node_cpus: float
+
+    @classmethod
+    def of_nodes(cls, nodes: Iterable[Mapping[str, Any]]) -> Cluster:
+        """From ``ray.nodes()``: the alive nodes' ``Resources["CPU"]``; no node with CPUs -> 0 CPUs."""
+        cpus = [float(n.get("Resources", {}).get("CPU", 0.0)) for n in nodes if n.get("Alive", True)]
+        cpus = [c for c in cpus if c > 0]
+        return cls(sum(cpus), min(cpus) if cpus else 0.0)
+
+
+def rank_cpus(setting: int, *, device: str, world: int, cluster: Cluster) -> int:
+    """The CPUs each of a run's ``world`` ranks asks Ray for (and its torch threads); any device but ``cpu``
+    is an accelerator (1 CPU derived).
+
+    >>> two_cores = Cluster(total_cpus=2, node_cpus=2)
+    >>> rank_cpus(0, device="cpu", world=1, cluster=two_cores), rank_cpus(0, device="cpu", world=2, cluster=two_cores)
+    (2, 1)
+    >>> rank_cpus(0, device="cuda", world=1, cluster=two_cores), rank_cpus(3, device="cpu", world=2, cluster=two_cores)
+    (1, 3)
+    """
+    if setting < 0:
+        raise ValueError(f"attnboard.rank_cpus: {setting} is negative; valid: 0 (derived from the cluster) or more")
+    if setting > 0:
+        return setting
+    if device != "cpu":
+        return 1
+    share = int(cluster.total_cpus // max(world, 1))
+    return max(1, min(share, int(cluster.node_cpus)))
+
+
+def rank_resources(device: str, cpus: int = 1) -> dict[str, float]:
+    """Ray's actor options of one rank: ``cpus`` CPUs, plus 1 GPU off CPU."""
+    return {"num_cpus": cpus} if device == "cpu" else {"num_cpus": cpus, "num_gpus": 1}
+
+
+def run_resources(device: str, world: int, cpus: int) -> dict[str, float]:
+    """What a run's ranks hold in Ray's resource names, e.g. ``{"CPU": 2}`` or ``{"CPU": 2, "GPU": 2}``."""
+    return {"CPU": float(world * cpus)} if device == "cpu" else {"CPU": float(world * cpus), "GPU": float(world)}
