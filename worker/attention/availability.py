@@ -53,6 +53,7 @@ class Rule(str, Enum):
     fallback_step = "fallback-step"
     strict = "strict"
     support_unknown = "architecture-support-unknown"
+    remove_padding = "remove-padding-cost"
 
 
 @dataclass(frozen=True)

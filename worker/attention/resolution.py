@@ -17,6 +17,7 @@ from enum import Enum
 
 from worker.attention import messages
 from worker.attention.availability import Context, ModelSupport, Rule, candidates, walk
+from worker.attention.packing import remove_padding_cost
 from worker.attention.rollout_engines import EngineChoice, engine_choice
 from worker.core.environment import Environment
 from worker.core.implementations import DEFAULT_IMPL, base_impl, is_hub_kernel, is_valid_name
@@ -95,6 +96,7 @@ class _RoleInput:
     sp: int
     trained: bool
     support: ModelSupport | None
+    remove_padding: bool = True  # the role's model.use_remove_padding
 
 
 def _resolve_role(spec: RunSpec, env: Environment, inp: _RoleInput) -> RoleResolution:
@@ -144,6 +146,8 @@ def _resolve_role(spec: RunSpec, env: Environment, inp: _RoleInput) -> RoleResol
             if env.device == "npu" and base_impl(candidate) == "flash_attention_2":
                 reasons.append(Reason(Rule.fa_npu.value, "on Ascend NPU transformers 5.x skips the FlashAttention 2 "
                                                          "package check and uses the NPU's own kernel."))
+            reasons.append(Reason(Rule.remove_padding.value,
+                                  remove_padding_cost(candidate, remove_padding=inp.remove_padding, sp=inp.sp)))
             if candidate != requested:
                 return done(candidate, Status.fallback.value, first_error, attempts)
             return done(candidate, Status.ok.value, attempts=attempts)
@@ -173,7 +177,7 @@ def resolve(
     out = Resolution(environment=env.name, policy=spec.attnboard.fallback_policy)
     actor_strategy = arr.actor.strategy
     shared = {"override_config": arr.model.override_config, "strategy": actor_strategy, "sp": spec.actor_sp,
-              "support": actor_support}
+              "support": actor_support, "remove_padding": arr.model.use_remove_padding}
 
     actor = _resolve_role(spec, env, _RoleInput("actor", section, trained=True, **shared))
     out.roles["actor"] = actor
@@ -188,7 +192,7 @@ def resolve(
         critic_section = "critic.model.override_config"
         critic = _resolve_role(spec, env, _RoleInput(
             "critic", critic_section, spec.critic.model.override_config, spec.critic.strategy, spec.critic_sp,
-            trained=True, support=critic_support))
+            trained=True, support=critic_support, remove_padding=spec.critic.model.use_remove_padding))
         if critic.source == "override":
             critic = replace(critic, reasons=(
                 *critic.reasons, Reason(Rule.verl_critic_defect.value,
@@ -204,7 +208,7 @@ def _rollout(spec: RunSpec, env: Environment, actor: RoleResolution) -> RoleReso
     rollout runs (requested, effective, status). Under verl, a vLLM/SGLang/TensorRT-LLM rollout runs its own
     backend, which override_config does not reach (``under_verl``)."""
     name = spec.actor_rollout_ref.rollout.name
-    reasons = [*actor.reasons,
+    reasons = [*(r for r in actor.reasons if r.rule != Rule.remove_padding.value),  # generation does not pack
                Reason(Rule.shared_section.value, "under attnboard, rollout generates with the actor's HF model and "
                                                  "weights: the actor's implementation.")]
     choice = engine_choice(name, env, spec.precision("rollout")[0])

@@ -33,7 +33,15 @@ from worker.core.resources import rank_cpus
 from worker.engine import checkpoint, compute, models
 from worker.engine import plan as planning
 from worker.engine.checkpoint import Checkpoint, CheckpointError
-from worker.engine.dispatch import Dispatch, Mesh, check_resources, concat_batches, dispatch_of, split_batch
+from worker.engine.dispatch import (
+    Dispatch,
+    Mesh,
+    ResourceError,
+    check_resources,
+    concat_batches,
+    dispatch_of,
+    split_batch,
+)
 from worker.engine.events import Event, EventLog, Kind, RunState
 from worker.engine.probe import environment_fields
 from worker.engine.rank import RankWorker, RoleLoadError
@@ -49,6 +57,7 @@ CANCEL_BOUND_S = 15.0
 killed, and one still stuck after that (e.g. in a read that never returns) is left behind with the run
 marked cancelled."""
 LIVENESS_TIMEOUT_S = 2.0
+RESOURCE_WAIT_S = 30.0  # how long a run waits for CPUs a released run's ranks still hold
 STATE_ORDER = (RunState.queued.value, RunState.starting.value, RunState.running.value)
 
 
@@ -454,11 +463,8 @@ class Trainer:
 
         device = spec.trainer.device
         world = spec.world_size
-        available = dict(ray.available_resources())
-        for key, amount in self.ranks.idle_resources().items():  # idle warm ranks are ours to take
-            available[key] = available.get(key, 0.0) + amount
         self.rank_cpus = rank_cpus(spec.attnboard.rank_cpus, device=device, world=world, cluster=cluster())
-        check_resources(device=device, world=world, available=available, per_rank_cpus=self.rank_cpus)
+        self._wait_for_resources(device, world)
         meshes = {"actor": Mesh(world, spec.actor_sp), "critic": Mesh(world, spec.critic_sp if spec.has_critic else 1)}
         self._start_ranks(device, world, meshes)
         group = self.group
@@ -511,6 +517,25 @@ class Trainer:
             note += f"; its {', '.join(unused)} is not used by this run"
         self.log.emit(Kind.log, {"message": f"resumed from the checkpoint of step {point.step} in {point.path}{note}",
                                  "resumed_from": {"step": point.step, "path": str(point.path)}})
+
+    def _wait_for_resources(self, device: str, world: int) -> None:
+        """``check_resources`` for the run's ranks, waiting up to ``RESOURCE_WAIT_S`` while the cluster could
+        hold them but its CPUs are still held (a finished run's ranks that Ray is releasing): a run that
+        never fits fails at once, naming both numbers."""
+        deadline = time.monotonic() + RESOURCE_WAIT_S
+        while True:
+            available = dict(ray.available_resources())
+            for key, amount in self.ranks.idle_resources().items():  # idle warm ranks are ours to take
+                available[key] = available.get(key, 0.0) + amount
+            try:
+                check_resources(device=device, world=world, available=available, per_rank_cpus=self.rank_cpus)
+                return
+            except ResourceError:
+                check_resources(device=device, world=world, available=dict(ray.cluster_resources()),
+                                per_rank_cpus=self.rank_cpus)  # raises when it never fits
+                if time.monotonic() > deadline or self.cancelled:
+                    raise
+            time.sleep(0.25)
 
     def _start_ranks(self, device: str, world: int, meshes: dict[str, Mesh]) -> None:
         acquired = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world, cpus=self.rank_cpus)

@@ -33,7 +33,7 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
     policy = spec.attnboard.fallback_policy
 
     def role_plan(name: str, loader: str, folder: str, override: dict, strategy: str, sp: int, trained: bool,
-                  lr: float, weight_decay: float, checkpointing: bool) -> RolePlan:
+                  lr: float, weight_decay: float, checkpointing: bool, remove_padding: bool) -> RolePlan:
         r = resolution.roles[name]
         return RolePlan(role=name, loader=loader, folder=folder, override_config=dict(override),
                         candidates=candidates(r, policy), requested=r.requested,
@@ -41,19 +41,23 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
                         strategy=strategy, sp=sp, trained=trained, lr=lr, weight_decay=weight_decay,
                         gradient_checkpointing=checkpointing_applies(checkpointing, sp),
                         output_attentions=spec.attnboard.debug.output_attentions,
-                        compute_dtype=spec.precision(name)[0], master_dtype=spec.precision(name)[1])
+                        compute_dtype=spec.precision(name)[0], master_dtype=spec.precision(name)[1],
+                        # Ulysses (sp > 1) shards padded rows along the sequence: packing is the sp == 1 path
+                        remove_padding=remove_padding and sp == 1)
 
     roles = [
         role_plan("actor", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
-                  True, arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing),
+                  True, arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing,
+                  arr.model.use_remove_padding),
         role_plan("reference", "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy,
-                  spec.actor_sp, False, arr.actor.optim.lr, 0.0, False),
+                  spec.actor_sp, False, arr.actor.optim.lr, 0.0, False, arr.model.use_remove_padding),
     ]
     if spec.has_critic:
         assert critic_folder is not None, "a gae run needs the critic's folder"
         roles.append(role_plan("critic", "value", critic_folder, spec.critic.model.override_config,
                                spec.critic.strategy, spec.critic_sp, True, spec.critic.optim.lr,
-                               spec.critic.optim.weight_decay, spec.critic.model.enable_gradient_checkpointing))
+                               spec.critic.optim.weight_decay, spec.critic.model.enable_gradient_checkpointing,
+                               spec.critic.model.use_remove_padding))
     return LoadPlan(roles=roles, policy=policy, env=env, seed=spec.attnboard.seed)
 
 
@@ -97,6 +101,8 @@ def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict
         "strategy": report["strategy"],
         "sp": report["sp"],
         "output_attentions": report.get("output_attentions", False),  # the first forward asked for the weights
+        # model.use_remove_padding: micro-batches packed into one row with position_ids, no attention mask
+        "remove_padding": report.get("remove_padding", False),
         # kernel-level truth (``worker.engine.observe``): the SDPA backend that ran, why where it was math
         "sdpa_backend": report.get("sdpa_backend"),
         "sdpa_backend_reason": report.get("sdpa_backend_reason"),

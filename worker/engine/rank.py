@@ -52,6 +52,7 @@ class RolePlan:
     gradient_checkpointing: bool = False  # model.enable_gradient_checkpointing; trained roles with sp == 1
     output_attentions: bool = False  # attnboard.debug.output_attentions: the first forward must return the weights
     compute_dtype: str = "float32"  # forward/backward dtype: verl's fsdp_config.dtype (FSDP's param_dtype)
+    remove_padding: bool = False  # model.use_remove_padding at sp == 1: micro-batches packed in one row (compute.Packed)
     master_dtype: str = "float32"  # master weights and optimizer state: verl's fsdp_config.model_dtype
 
     @property
@@ -127,6 +128,11 @@ def _probe_ids(vocab_size: int) -> torch.Tensor:
     return (torch.arange(8) % max(vocab_size - 1, 1) + 1)[None, :]  # (1, 8)
 
 
+PACKED_PROBE_POSITIONS = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])
+"""The first forward of a role that removes padding: two sequences (4 and 3 tokens) packed in one row with
+no attention mask, as its micro-batches run, so the kernel observed is the packed path's."""
+
+
 class AttentionWeightsMissing(RuntimeError):
     """``output_attentions=True`` was asked for and the implementation returned no attention weights."""
 
@@ -150,9 +156,10 @@ def _transformers_warnings() -> Iterator[list[str]]:
 
 
 def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool, output_attentions: bool = False,
-                   implementation: str = "", compute_dtype: str = "float32") -> dict[str, Any]:
-    """A 1x8 forward (and backward for trained roles) under observation, in the role's compute dtype -> what
-    ran (the implementation called, the SDPA backend and why it was math, see ``observe_attention``).
+                   implementation: str = "", compute_dtype: str = "float32", packed: bool = False) -> dict[str, Any]:
+    """A 1x8 forward (with ``packed``, two sequences packed in a 1x7 row) and a backward for trained roles,
+    under observation, in the role's compute dtype -> what ran (the implementation called, the SDPA backend
+    and why it was math, see ``observe_attention``).
 
     It runs before the model is wrapped, so it does what FSDP's ``param_dtype`` will do on every forward:
     each weight cast to the compute dtype (a differentiable cast, so the backward reaches the weights as
@@ -164,6 +171,10 @@ def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool, outpu
     (ATTENTION_RULES.md), so the loss of the debugging output would otherwise go unnoticed."""
     device = next(model.parameters()).device
     kwargs = {"input_ids": _probe_ids(vocab_size).to(device)}
+    if packed:
+        kwargs = {"input_ids": kwargs["input_ids"][:, :PACKED_PROBE_POSITIONS.shape[1]],
+                  "position_ids": PACKED_PROBE_POSITIONS.to(device),
+                  "use_cache": False}  # with a cache transformers would not infer the packed mask
     if output_attentions:
         kwargs["output_attentions"] = True
     dtype = compute.dtype_of(compute_dtype)
@@ -319,7 +330,7 @@ class RankWorker:
                 if p.sp > 1:
                     module.config._attn_implementation = ulysses.register_ulysses(impl)
                 seen = _first_forward(module, module.config.vocab_size, p.trained, p.output_attentions, impl,
-                                      compute_dtype=p.compute_dtype)
+                                      compute_dtype=p.compute_dtype, packed=p.remove_padding)
             except Exception as exc:
                 diagnosis = classify(ErrorInfo.from_exception(exc), facts, role=p.role)
                 attempts.append({"implementation": impl, "ok": False,
@@ -339,7 +350,7 @@ class RankWorker:
                 "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
                 "attempts": attempts, "strategy": p.strategy, "sp": p.sp,
                 "gradient_checkpointing": bool(p.trained and p.gradient_checkpointing),
-                "output_attentions": p.output_attentions,
+                "output_attentions": p.output_attentions, "remove_padding": p.remove_padding,
             }
             scaler = compute.grad_scaler(p.compute_dtype, self.device) if p.trained else None
             return _Loaded(wrapped, optimizer, group, Mesh(self.world, p.sp), p, report, scaler)
@@ -458,6 +469,7 @@ class RankWorker:
             with observe_attention() as seen:
                 out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
             self.rollout_report = {**actor.report, "role": "rollout", **seen.as_dict(), "compute_dtype": dtype,
+                                   "remove_padding": False,  # generation runs padded rows with a KV cache
                                    "weights_dtype": dtype if model is self.rollout_copy else actor.plan.weights_dtype}
         else:
             out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
@@ -475,7 +487,8 @@ class RankWorker:
         with torch.no_grad():
             log_probs, entropy = compute.policy_forward(actor.module, self._to_device(batch), actor.sp,
                                                         temperature=temperature, with_entropy=True,
-                                                        compute_dtype=actor.plan.compute_dtype)
+                                                        compute_dtype=actor.plan.compute_dtype,
+                                                        remove_padding=actor.plan.remove_padding)
         return self._to_cpu({"old_log_probs": log_probs, "entropy": entropy})
 
     @register(Dispatch.DP_COMPUTE, mesh="actor")
@@ -484,7 +497,8 @@ class RankWorker:
         with torch.no_grad():
             log_probs, _ = compute.policy_forward(ref.module, self._to_device(batch), ref.sp,
                                                   temperature=temperature, with_entropy=False,
-                                                  compute_dtype=ref.plan.compute_dtype)
+                                                  compute_dtype=ref.plan.compute_dtype,
+                                                  remove_padding=ref.plan.remove_padding)
         return self._to_cpu({"ref_log_prob": log_probs})
 
     @register(Dispatch.DP_COMPUTE, mesh="critic")
@@ -493,14 +507,16 @@ class RankWorker:
         critic.module.eval()
         with torch.no_grad():
             values = compute.value_forward(critic.module, self._to_device(batch), critic.sp,
-                                           compute_dtype=critic.plan.compute_dtype)
+                                           compute_dtype=critic.plan.compute_dtype,
+                                           remove_padding=critic.plan.remove_padding)
         return self._to_cpu({"values": values})
 
     @register(Dispatch.DP_COMPUTE, mesh="actor")
     def update_actor(self, batch: dict[str, Any], settings: compute.ActorSettings) -> dict[str, float]:
         actor = self.roles["actor"]
         metrics = compute.update_actor(actor.module, actor.optimizer, self._to_device(batch), actor.sp, settings,
-                                       compute_dtype=actor.plan.compute_dtype, scaler=actor.scaler)
+                                       compute_dtype=actor.plan.compute_dtype, scaler=actor.scaler,
+                                       remove_padding=actor.plan.remove_padding)
         self._synchronize()
         return metrics
 
@@ -508,7 +524,8 @@ class RankWorker:
     def update_critic(self, batch: dict[str, Any], settings: compute.CriticSettings) -> dict[str, float]:
         critic = self.roles["critic"]
         metrics = compute.update_critic(critic.module, critic.optimizer, self._to_device(batch), critic.sp, settings,
-                                        compute_dtype=critic.plan.compute_dtype, scaler=critic.scaler)
+                                        compute_dtype=critic.plan.compute_dtype, scaler=critic.scaler,
+                                        remove_padding=critic.plan.remove_padding)
         self._synchronize()
         return metrics
 
@@ -522,7 +539,7 @@ class RankWorker:
         actor.module.train()
         actor.module.zero_grad(set_to_none=True)
         loss, _ = compute.actor_loss(actor.module, self._to_device(batch), actor.sp, settings,
-                                     compute_dtype=actor.plan.compute_dtype)
+                                     compute_dtype=actor.plan.compute_dtype, remove_padding=actor.plan.remove_padding)
         loss.backward()
         grads = _full_gradients(actor.module)
         actor.module.zero_grad(set_to_none=True)

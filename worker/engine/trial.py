@@ -11,9 +11,12 @@ and hardware before fixing the configuration". ``run_trial`` does exactly that:
    tokens/s, step time and peak memory come from the run's ``metric`` events.
 3. A numerical parity check loads the actor with each implementation from the SAME weights in the actor's
    compute dtype (``actor_rollout_ref.actor.fsdp_config.dtype``: FlashAttention runs only in bf16/fp16),
-   eager included, runs the same batch (left-padded, like rollout) and reports the largest absolute logit
-   difference from eager over the real (unpadded) positions; the tolerance follows the dtype
-   (``parity_tolerance``).
+   eager included, runs the same mixed-length batch twice, left-padded (like rollout) and packed into one
+   row with ``position_ids`` and no mask (``use_remove_padding``, as the engine trains), and reports the
+   largest absolute logit difference from eager's padded logits over the real positions of either case;
+   the tolerance follows the dtype (``parity_tolerance``). It also times a forward of each case (tokens/s
+   of real tokens) and every column carries the preview's ``remove-padding-cost`` sentence for its
+   implementation, so the trial says what remove-padding does to each implementation's cost.
 4. ``recommend`` picks the fastest implementation whose parity is within tolerance and says why, naming
    the figures; when the fastest two differ by less than the noise it says so and breaks the tie on
    memory, then on the fallback chain's order (``worker.attention.availability.chain_position``: flash_attention_2,
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.attention.availability import ModelSupport, Rule, chain_position
+from worker.attention.packing import remove_padding_cost
 from worker.attention.resolution import Status, resolve
 from worker.core.environment import Environment
 from worker.core.implementations import VALID_DESCRIPTION, Impl, is_valid_name
@@ -83,6 +87,10 @@ class Column:
     parity_max_abs_diff: float | None = None  # vs eager, fp32, same weights and batch
     parity_ok: bool | None = None
     observed: dict[str, str | None] = field(default_factory=dict)  # role -> kernel the first forward called
+    packed_parity_max_abs_diff: float | None = None  # the packed (remove-padding) case vs eager padded
+    padded_forward_tokens_per_s: float | None = None  # one forward over the mixed-length parity batch, padded rows
+    packed_forward_tokens_per_s: float | None = None  # the same batch packed into one row (use_remove_padding)
+    remove_padding: dict[str, str] = field(default_factory=dict)  # {"rule": "remove-padding-cost", "text": ...}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,7 +165,7 @@ def _merged(tree: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 _CONTEXT_RULES = frozenset(r.value for r in (
     Rule.default, Rule.override, Rule.strict, Rule.support_unknown, Rule.shared_section, Rule.rollout_engine,
-    Rule.verl_critic_defect, Rule.fallback_step))
+    Rule.verl_critic_defect, Rule.fallback_step, Rule.remove_padding))
 """Reasons that explain the context of a choice, not why an implementation cannot load."""
 
 
@@ -296,41 +304,77 @@ def parity_tolerance(dtype: str, scale: float) -> float:
 
 @dataclass(frozen=True)
 class Parity:
-    """Per implementation the max absolute logit difference from eager, or ``"Type: message"`` when it
-    could not load; in ``dtype``, with the tolerance that applies there."""
+    """Per implementation the max absolute logit difference from eager over both cases (padded and packed),
+    or ``"Type: message"`` when it could not load; in ``dtype``, with the tolerance that applies there.
+    ``packed``: the packed case's difference alone; ``speed``: tokens/s of a forward per case."""
 
     differences: dict[str, float | str]
     dtype: str
     tolerance: float
+    packed: dict[str, float] = field(default_factory=dict)
+    speed: dict[str, dict[str, float]] = field(default_factory=dict)  # impl -> {"padded": t/s, "packed": t/s}
+
+
+def packed_inputs(ids, mask):
+    """A left-padded (B, T) batch -> (input_ids (1, K), position_ids (1, K)) of its K real tokens packed in
+    one row, positions restarting at 0 per row: what ``use_remove_padding`` gives the model."""
+    import torch
+
+    valid = mask.bool()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
+    return ids[valid][None], positions[valid][None].to(torch.long)
+
+
+def _timed(forward: Callable[[], Any], repeats: int = 3) -> tuple[Any, float]:
+    """(the last result, the median seconds of ``repeats`` calls after one warm-up)."""
+    import time
+
+    out = forward()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = forward()
+        times.append(time.perf_counter() - start)
+    return out, statistics.median(times)
 
 
 def parity_check(folder: Path | str, implementations: Sequence[str], *, device: str = "cpu", dtype: str = "float32",
                  batch: int = 4, length: int = 32, seed: int = 0) -> Parity:
-    """Max absolute logit difference from eager on the same weights and batch, every model (eager too)
-    loaded in ``dtype`` (a torch dtype name), over the real (unpadded) positions."""
+    """Max absolute logit difference from eager's padded logits on the same weights and mixed-length batch,
+    padded and packed (``packed_inputs``), every model (eager too) loaded in ``dtype`` (a torch dtype name),
+    over the real positions; and the tokens/s of a forward in each case."""
     import torch
 
     from worker.engine import models
 
-    def logits(impl: str) -> torch.Tensor:
+    def logits(impl: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         config = models.build_config(folder, {}, impl)  # fresh per attempt: a failed load mutates its config
         model = models.load_causal_lm(folder, config, dtype=getattr(torch, dtype)).to(device).eval()
-        ids, mask = parity_batch(config.vocab_size, batch=batch, length=length, seed=seed)
+        ids, mask = (t.to(device) for t in parity_batch(config.vocab_size, batch=batch, length=length, seed=seed))
+        packed_ids, positions = packed_inputs(ids, mask)
+        tokens = int(mask.sum())
         with torch.no_grad():
-            out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # (B, T, V)
-        return out[mask.to(device).bool()].cpu()  # (real tokens, V)
+            padded, padded_s = _timed(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False).logits)  # (B, T, V)
+            # use_cache=False as the engine trains: with a cache transformers skips the packed-sequence mask
+            packed, packed_s = _timed(lambda: model(input_ids=packed_ids, position_ids=positions,
+                                                    use_cache=False).logits)  # (1, K, V)
+        speed = {"padded": tokens / padded_s, "packed": tokens / packed_s}
+        return padded.float()[mask.bool()].cpu(), packed.float()[0].cpu(), speed  # (real tokens, V) each
 
-    reference = logits(PARITY_REFERENCE)
+    reference, reference_packed, reference_speed = logits(PARITY_REFERENCE)
     out: dict[str, float | str] = {}
+    packed: dict[str, float] = {}
+    speed: dict[str, dict[str, float]] = {}
     for impl in dict.fromkeys(implementations):
-        if impl == PARITY_REFERENCE:
-            out[impl] = 0.0
-            continue
         try:
-            out[impl] = float((logits(impl) - reference).abs().max())
+            padded_logits, packed_logits, speed[impl] = ((reference, reference_packed, reference_speed)
+                                                         if impl == PARITY_REFERENCE else logits(impl))
         except Exception as exc:
             out[impl] = f"{type(exc).__name__}: {exc}"
-    return Parity(out, dtype, parity_tolerance(dtype, float(reference.abs().max())))
+            continue
+        packed[impl] = float((packed_logits - reference).abs().max())
+        out[impl] = max(float((padded_logits - reference).abs().max()), packed[impl])
+    return Parity(out, dtype, parity_tolerance(dtype, float(reference.abs().max())), packed, speed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,6 +449,10 @@ def run_trial(
         if isinstance(found, float):
             column.parity_max_abs_diff = found
             column.parity_ok = found <= tolerance
+            column.packed_parity_max_abs_diff = parity.packed.get(column.implementation)
+            speed = parity.speed.get(column.implementation, {})
+            column.padded_forward_tokens_per_s = speed.get("padded")
+            column.packed_forward_tokens_per_s = speed.get("packed")
         elif isinstance(found, str):
             column.parity_ok = False
             column.reason = f"parity check could not load it: {found}"
@@ -418,6 +466,17 @@ def _measure(base: RunSpec, impl: str, steps: int, env: Environment, *, run: Run
              run_id: str) -> Column:
     if not is_valid_name(impl):
         return Column(impl, "skipped", unloadable_reason(base, impl, env) or "")
+    column = _measure_run(base, impl, steps, env, run=run, roots=roots, cache_dir=cache_dir,
+                          actor_support=actor_support, critic_support=critic_support, run_id=run_id)
+    column.remove_padding = {"rule": Rule.remove_padding.value,
+                             "text": remove_padding_cost(impl, remove_padding=base.actor_rollout_ref.model.use_remove_padding,
+                                                         sp=base.actor_sp)}
+    return column
+
+
+def _measure_run(base: RunSpec, impl: str, steps: int, env: Environment, *, run: Runner, roots: list[Path],
+                 cache_dir: Path | str | None, actor_support: ModelSupport, critic_support: ModelSupport | None,
+                 run_id: str) -> Column:
     spec = trial_spec(base, impl, steps)
     why = unloadable_reason(spec, impl, env, actor_support=actor_support, critic_support=critic_support)
     if why is not None:

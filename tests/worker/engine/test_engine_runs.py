@@ -274,6 +274,21 @@ def test_a_killed_rank_fails_the_run_naming_the_rank_under_fsdp1(local_ray, cach
     _finish(controller, events)
 
 
+@pytest.mark.parametrize("remove_padding", [True, False])
+def test_a_run_packs_or_pads_its_micro_batches_as_use_remove_padding_says(local_ray, cache_dir, remove_padding):
+    """verl's use_remove_padding (default true) packs every micro-batch of the actor, the reference and the
+    critic into one row; false trains on padded rows. Both succeed and each attention event says which;
+    the rollout generates padded rows either way."""
+    spec = tiny_spec(algo="gae", steps=1, **{"actor_rollout_ref.model.use_remove_padding": remove_padding,
+                                            "critic.model.use_remove_padding": remove_padding})
+    state, events = run(spec, f"remove-padding-{remove_padding}".lower(), cache_dir)
+    assert state == "succeeded", of(events, "error")
+    packed = {(a["role"], a["rank"]): a["remove_padding"] for a in of(events, "attention")}
+    assert packed == {(role, rank): remove_padding and role != "rollout"
+                      for role in ("actor", "reference", "critic", "rollout") for rank in (0, 1)}
+    assert of(events, "metric") and of(events, "attention_mismatch") == []
+
+
 def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray, cache_dir):
     """A host with 2 warm ranks: a run takes them (no new process), hands them back clean when it succeeds,
     and the next run reuses the same processes; a failed run's ranks are killed and the pool refills."""
