@@ -58,6 +58,15 @@ def test_cluster_of_ray_nodes_reads_alive_nodes_cpus():
     assert rank_cpus(0, device="cpu", world=1, cluster=Cluster(0.0, 0.0)) == 1
 
 
+@pytest.mark.parametrize("setting,world,free,expected", [
+    (0, 2, 4.0, 2), (0, 2, 2.0, 1), (0, 2, 0.0, 1), (0, 1, 3.5, 3), (0, 1, None, 4), (3, 2, 0.0, 3),
+])
+def test_a_derived_share_shrinks_to_what_is_free_at_launch(setting, world, free, expected):
+    """At launch the engine derives from what is free now (another holder the queue did not count, a run's
+    ranks still being released); a set count is asked as set."""
+    assert rank_cpus(setting, device="cpu", world=world, cluster=Cluster(4, 4), free_cpus=free) == expected
+
+
 def test_rank_cpus_names_the_key_of_a_negative_setting():
     with pytest.raises(ValueError, match=r"attnboard.rank_cpus: -1 is negative; valid: 0 \(derived from the cluster\) or more"):
         rank_cpus(-1, device="cpu", world=1, cluster=Cluster(2, 2))

@@ -33,7 +33,7 @@ class Cluster:
         return cls(sum(cpus), min(cpus) if cpus else 0.0)
 
 
-def rank_cpus(setting: int, *, device: str, world: int, cluster: Cluster) -> int:
+def rank_cpus(setting: int, *, device: str, world: int, cluster: Cluster, free_cpus: float | None = None) -> int:
     """The CPUs each of a run's ``world`` ranks asks Ray for (and its torch threads); any device but ``cpu``
     is an accelerator (1 CPU derived).
 
@@ -42,6 +42,9 @@ def rank_cpus(setting: int, *, device: str, world: int, cluster: Cluster) -> int
     (2, 1)
     >>> rank_cpus(0, device="cuda", world=1, cluster=two_cores), rank_cpus(3, device="cpu", world=2, cluster=two_cores)
     (1, 3)
+
+    ``free_cpus`` (the engine at launch): a derived count shrinks to the CPUs free now, at least 1 per rank;
+    a set one does not (the run waits for it).
     """
     if setting < 0:
         raise ValueError(f"attnboard.rank_cpus: {setting} is negative; valid: 0 (derived from the cluster) or more")
@@ -49,8 +52,10 @@ def rank_cpus(setting: int, *, device: str, world: int, cluster: Cluster) -> int
         return setting
     if device != "cpu":
         return 1
-    share = int(cluster.total_cpus // max(world, 1))
-    return max(1, min(share, int(cluster.node_cpus)))
+    share = min(int(cluster.total_cpus // max(world, 1)), int(cluster.node_cpus))
+    if free_cpus is not None:  # derived at launch: what is free now (others may hold CPUs the queue did not count)
+        share = min(share, int(free_cpus // max(world, 1)))
+    return max(1, share)
 
 
 def rank_resources(device: str, cpus: int = 1) -> dict[str, float]:

@@ -99,20 +99,26 @@ def unsharded(model: torch.nn.Module) -> Iterator[None]:
     """Keep an FSDP2 model's parameters gathered across many forwards (a rollout's decode loop): one
     all-gather per unit for the whole loop instead of one per unit per generated token.
 
-    Inside, no unit reshards after its forward; on exit every unit reshards and gets back
-    ``fully_shard``'s defaults (layers reshard after forward, the root keeps its parameters). FSDP1 and
-    unwrapped models pass through: FSDP1 forbids forwards inside ``summon_full_params``.
+    Inside, no unit reshards after its forward; on exit every unit reshards and gets back what it had
+    (a layer its ``reshard_after_forward``, the root ``fully_shard``'s default: it keeps its parameters).
+    FSDP1 and unwrapped models pass through: FSDP1 forbids forwards inside ``summon_full_params``.
     """
     units = fsdp2_units(model)
+    before = [(unit, unit is not model and _reshards_after_forward(unit)) for unit in units]
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
     try:
         yield
     finally:
-        for unit in units:
-            unit.set_reshard_after_forward(unit is not model, recurse=False)
+        for unit, reshards in before:
+            unit.set_reshard_after_forward(reshards, recurse=False)
             unit.reshard()
+
+
+def _reshards_after_forward(unit: FSDPModule) -> bool:
+    """Whether an FSDP2 unit frees its gathered parameters after its forward (its ``reshard_after_forward``)."""
+    return any(group.post_forward_mesh_info is not None for group in unit._get_fsdp_state()._fsdp_param_groups)
 
 
 @torch.no_grad()
@@ -397,6 +403,21 @@ class ActorSettings:
     kl_loss_type: str
     grad_clip: float
     temperature: float
+    on_policy: bool = False  # verl's condition (one epoch, one mini-batch): the old log-probs are this forward's
+
+
+def on_policy(*, ppo_epochs: int, rows: int, mini_batch: int, kl_in_reward: bool) -> bool:
+    """verl's ``dp_actor`` condition for skipping the old-log-prob forward: one epoch of one mini-batch, so the
+    update's own forward (every micro-batch runs before the one optimizer step) sees the rollout's policy and
+    its log-probs, detached, are the old ones. A KL penalty in the reward needs them before the update, so it
+    keeps the separate forward.
+
+    >>> on_policy(ppo_epochs=1, rows=8, mini_batch=8, kl_in_reward=False)
+    True
+    >>> on_policy(ppo_epochs=2, rows=8, mini_batch=8, kl_in_reward=False)
+    False
+    """
+    return ppo_epochs == 1 and mini_batch >= rows and not kl_in_reward
 
 
 @dataclass(frozen=True)
@@ -415,16 +436,20 @@ def iter_minibatches(batch: dict[str, torch.Tensor], size: int):
 
 
 def actor_loss(model: torch.nn.Module, micro: dict[str, torch.Tensor], sp: SeqParallel,
-               settings: ActorSettings, *, compute_dtype: str = "float32",
-               remove_padding: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+               settings: ActorSettings, *, compute_dtype: str = "float32", remove_padding: bool = False,
+               seen: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The actor's loss on one micro-batch (fp32): clipped policy loss - entropy bonus (+ KL loss). At an
-    entropy coefficient of 0 the entropy is a metric only: no backward runs through it."""
+    entropy coefficient of 0 the entropy is a metric only: no backward runs through it. On policy
+    (``settings.on_policy``) the old log-probs are this forward's, detached (the ratio is 1, its gradient
+    the policy gradient); ``seen`` collects each forward's (log-probs, entropy)."""
     log_prob, entropy = policy_forward(model, micro, sp, temperature=settings.temperature,
                                        with_entropy=True, compute_dtype=compute_dtype, remove_padding=remove_padding,
                                        entropy_grad=settings.entropy_coeff != 0)
     mask = micro["response_mask"]
-    pg_loss, metrics = ppo_math.compute_policy_loss(micro["old_log_probs"], log_prob, micro["advantages"], mask,
-                                                    settings.clip_ratio)
+    old = log_prob.detach() if settings.on_policy else micro["old_log_probs"]
+    pg_loss, metrics = ppo_math.compute_policy_loss(old, log_prob, micro["advantages"], mask, settings.clip_ratio)
+    if seen is not None:  # this forward's log-probs and entropy, for the step's metrics
+        seen.append((log_prob.detach(), entropy.detach()))
     entropy_loss = ppo_math.agg_loss(entropy, mask)
     loss = pg_loss - settings.entropy_coeff * entropy_loss if settings.entropy_coeff != 0 else pg_loss
     metrics["actor/entropy"] = float(entropy_loss.detach())
@@ -512,11 +537,13 @@ def _ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch:
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                  sp: SeqParallel, settings: ActorSettings, *, compute_dtype: str = "float32",
-                 scaler=None, remove_padding: bool = False) -> dict[str, float]:
-    """The actor's PPO update: clipped policy loss (+ entropy bonus, + KL loss)."""
+                 scaler=None, remove_padding: bool = False,
+                 seen: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> dict[str, float]:
+    """The actor's PPO update: clipped policy loss (+ entropy bonus, + KL loss). ``seen`` collects each
+    micro-batch forward's (log-probs, entropy) in row order (on policy: the step's old log-probs)."""
     return _ppo_update(model, optimizer, batch,
                        loss_fn=lambda micro: actor_loss(model, micro, sp, settings, compute_dtype=compute_dtype,
-                                                        remove_padding=remove_padding),
+                                                        remove_padding=remove_padding, seen=seen),
                        ppo_epochs=settings.ppo_epochs, mini_batch=settings.mini_batch,
                        micro_batch=settings.micro_batch, grad_clip=settings.grad_clip, role="actor", scaler=scaler)
 

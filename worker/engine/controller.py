@@ -463,7 +463,8 @@ class Trainer:
 
         device = spec.trainer.device
         world = spec.world_size
-        self.rank_cpus = rank_cpus(spec.attnboard.rank_cpus, device=device, world=world, cluster=cluster())
+        self.rank_cpus = rank_cpus(spec.attnboard.rank_cpus, device=device, world=world, cluster=cluster(),
+                                   free_cpus=self._available().get("CPU", 0.0))
         self._wait_for_resources(device, world)
         meshes = {"actor": Mesh(world, spec.actor_sp), "critic": Mesh(world, spec.critic_sp if spec.has_critic else 1)}
         self._start_ranks(device, world, meshes)
@@ -518,15 +519,20 @@ class Trainer:
         self.log.emit(Kind.log, {"message": f"resumed from the checkpoint of step {point.step} in {point.path}{note}",
                                  "resumed_from": {"step": point.step, "path": str(point.path)}})
 
+    def _available(self) -> dict[str, float]:
+        """What Ray has free, plus what the idle warm ranks hold (ours to take)."""
+        available = dict(ray.available_resources())
+        for key, amount in self.ranks.idle_resources().items():
+            available[key] = available.get(key, 0.0) + amount
+        return available
+
     def _wait_for_resources(self, device: str, world: int) -> None:
         """``check_resources`` for the run's ranks, waiting up to ``RESOURCE_WAIT_S`` while the cluster could
         hold them but its CPUs are still held (a finished run's ranks that Ray is releasing): a run that
         never fits fails at once, naming both numbers."""
         deadline = time.monotonic() + RESOURCE_WAIT_S
         while True:
-            available = dict(ray.available_resources())
-            for key, amount in self.ranks.idle_resources().items():  # idle warm ranks are ours to take
-                available[key] = available.get(key, 0.0) + amount
+            available = self._available()
             try:
                 check_resources(device=device, world=world, available=available, per_rank_cpus=self.rank_cpus)
                 return

@@ -377,12 +377,19 @@ class RankWorker:
             module.requires_grad_(False)
             module.eval()
         mixed = p.weights_dtype != p.compute_dtype
-        if self.world > 1 or mixed:
+        if (self.world > 1 or mixed) and not self.replicated(p):
             module = self._wrap(module, p.strategy, p.compute_dtype if mixed else None)
         optimizer = None
         if p.trained:
             optimizer = torch.optim.AdamW(module.parameters(), lr=p.lr, weight_decay=p.weight_decay)
         return module, optimizer
+
+    def replicated(self, p: RolePlan) -> bool:
+        """A frozen role (the reference) on CPU without sequence parallelism is held whole on every rank instead
+        of sharded: its weights never change, every rank loads the same ones, and over gloo the all-gather of
+        every layer on every forward costs more than the memory of a copy. (On a GPU, nccl is fast and memory
+        dear: it is sharded as verl shards it.)"""
+        return not p.trained and p.sp == 1 and self.device == "cpu"
 
     def _wrap(self, module: torch.nn.Module, strategy: str, param_dtype: str | None = None) -> torch.nn.Module:
         """FSDP1 or FSDP2 (also under fsdp_turbo) over the whole world, one unit per decoder layer plus the
@@ -409,8 +416,12 @@ class RankWorker:
         policy = MixedPrecisionPolicy()
         if param_dtype is not None:
             policy = MixedPrecisionPolicy(param_dtype=compute.dtype_of(param_dtype), reduce_dtype=torch.float32)
+        # On CPU (gloo) a layer keeps its gathered parameters from its forward to its backward: one all-gather
+        # per micro-batch instead of two, for the memory of one layer's full weights at a time per micro-batch
+        # in flight. On a GPU, verl's default: reshard after forward.
+        keep = self.device == "cpu"
         for layer in layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
         return fully_shard(module, mesh=mesh, mp_policy=policy)
 
     # ---- compute (batches already split by data-parallel rank)

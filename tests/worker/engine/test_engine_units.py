@@ -357,6 +357,19 @@ def test_each_rank_asks_ray_for_its_cpus_and_one_gpu_off_cpu():
     assert rank_resources("cuda") == {"num_cpus": 1, "num_gpus": 1}
 
 
+@pytest.mark.parametrize("device,cpus,preset,expected", [
+    ("cpu", 1, None, {}), ("cuda", 4, None, {}), ("cpu", 2, None, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("cpu", 2, "ACTIVE", {"OMP_WAIT_POLICY": "ACTIVE"}),  # the environment's own choice wins
+])
+def test_a_rank_of_several_threads_waits_passively(monkeypatch, device, cpus, preset, expected):
+    from worker.engine.ranks import rank_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if preset:
+        monkeypatch.setenv("OMP_WAIT_POLICY", preset)
+    assert rank_env(device, cpus) == expected
+
+
 @pytest.mark.parametrize("target,setting,device,expected", [
     (1, 0, "cpu", 4), (2, 0, "cpu", 4), (4, 0, "cpu", 2), (0, 0, "cpu", 4), (1, 0, "cuda", 1), (1, 2, "cpu", 2),
     (2, 3, "cuda", 3),
@@ -420,3 +433,39 @@ def test_a_first_forward_forced_onto_math_reaches_the_attention_event_with_its_r
     assert planning.mismatches(payload) == []  # the implementation is what was loaded: math is below it
     unforced = _first_forward(_tiny_llama("sdpa"), 64, trained=True, implementation="sdpa")
     assert (unforced["sdpa_backend"], unforced["sdpa_backend_reason"]) == ("flash_attention", None)
+
+
+def test_the_rollout_gives_each_layer_back_its_own_reshard_after_forward(world_of_one):
+    """On CPU the engine's layers keep their gathered parameters from forward to backward
+    (``reshard_after_forward=False``, one all-gather per micro-batch); a rollout must not turn that off."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny_lm()
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh)
+    layers = list(model.model.layers)
+    assert [compute._reshards_after_forward(layer) for layer in layers] == [False, False]
+    prompt = torch.tensor([[3, 4, 5]])
+    compute.generate(model, prompt, torch.ones_like(prompt), max_new_tokens=2, eos_token_id=None, pad_token_id=0,
+                     temperature=1.0, top_p=1.0, do_sample=False, generator=None)
+    assert [compute._reshards_after_forward(layer) for layer in layers] == [False, False]
+
+
+@pytest.mark.parametrize("device,trained,sp,replicated", [
+    ("cpu", False, 1, True), ("cpu", True, 1, False), ("cpu", False, 2, False), ("cuda", False, 1, False),
+])
+def test_a_frozen_role_on_cpu_is_held_whole_on_every_rank(device, trained, sp, replicated):
+    """Over gloo the reference's all-gather on every forward costs more than a copy of its frozen weights."""
+    from worker.engine.rank import RolePlan
+
+    plan = RolePlan(role="reference", loader="causal_lm", folder="unused", override_config={}, candidates=["sdpa"],
+                    requested="sdpa", forced=False, reasons=[], strategy="fsdp2", sp=sp, trained=trained)
+    rank = RankWorker(rank=0, world=2, run_id="unit", device=device)
+    assert rank.replicated(plan) is replicated
+    if replicated:
+        model = tiny_lm()
+        wrapped, optimizer = rank._shard(model, plan)
+        assert wrapped is model and optimizer is None and not any(p.requires_grad for p in model.parameters())

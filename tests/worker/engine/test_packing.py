@@ -190,3 +190,50 @@ def test_samples_of_a_prompt_sharing_its_prefill_generate_as_rows_of_their_own()
     for key in ("responses", "response_mask"):
         assert grouped[key].equal(alone[key].repeat_interleave(3, 0)), key
     torch.testing.assert_close(grouped["rollout_log_probs"], alone["rollout_log_probs"].repeat_interleave(3, 0), **TOL)
+
+
+# ---- on policy (one epoch, one mini-batch): no old-log-prob forward
+
+
+@pytest.mark.parametrize("epochs,rows,mini,kl_in_reward,expected", [
+    (1, 8, 8, False, True), (1, 8, 16, False, True), (2, 8, 8, False, False), (1, 8, 4, False, False),
+    (1, 8, 8, True, False),
+])
+def test_on_policy_is_verls_condition(epochs, rows, mini, kl_in_reward, expected):
+    assert compute.on_policy(ppo_epochs=epochs, rows=rows, mini_batch=mini, kl_in_reward=kl_in_reward) is expected
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_an_on_policy_update_equals_one_fed_the_old_log_probs_of_a_separate_forward(remove_padding):
+    """The separate forward's log-probs and entropy are what the update's own forwards see (every micro-batch
+    runs before the one optimizer step), so the update, its metrics and the step's old log-probs agree."""
+    batch = mixed_batch()
+    n, r = batch["responses"].shape
+    batch["advantages"] = torch.randn(n, r, generator=torch.Generator().manual_seed(5))
+    results = []
+    for on_policy in (False, True):
+        model = _lm("sdpa")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        step = dict(batch)
+        if not on_policy:
+            with torch.no_grad():
+                step["old_log_probs"], old_entropy = compute.policy_forward(
+                    model, step, compute.NO_SP, temperature=1.0, with_entropy=True, remove_padding=remove_padding)
+        settings = compute.ActorSettings(ppo_epochs=1, mini_batch=n, micro_batch=2, clip_ratio=0.2, entropy_coeff=0.0,
+                                         use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl",
+                                         grad_clip=1.0, temperature=1.0, on_policy=on_policy)
+        seen: list = []
+        metrics = compute.update_actor(model, optimizer, step, compute.NO_SP, settings, remove_padding=remove_padding,
+                                       seen=seen)
+        old = torch.cat([lp for lp, _ in seen]) if on_policy else step["old_log_probs"]
+        entropy = torch.cat([e for _, e in seen]) if on_policy else old_entropy
+        results.append((metrics, old, entropy, [p.detach().clone() for p in model.parameters()]))
+    (m_a, old_a, ent_a, params_a), (m_b, old_b, ent_b, params_b) = results
+    assert m_a.keys() == m_b.keys()
+    for key in m_a:
+        assert m_a[key] == pytest.approx(m_b[key], rel=1e-4, abs=1e-6), key
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(old_a[mask], old_b[mask], **TOL)
+    torch.testing.assert_close(ent_a[mask], ent_b[mask], **TOL)
+    for a, b in zip(params_a, params_b, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
