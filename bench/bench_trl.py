@@ -457,15 +457,15 @@ def setup_trl() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny shape and one round: checks that every side runs")
-    parser.add_argument("--steps", type=int, default=None, help="measured rounds per group (default 3, quick 1)")
+    parser.add_argument("--steps", type=int, default=None, help="measured rounds per group (default 2, quick 1)")
     parser.add_argument("--growth-steps", type=int, default=1, help="measured steps per growth point")
-    parser.add_argument("--repeats", type=int, default=None, help="retakes of a disturbed step (default 2, quick 0)")
+    parser.add_argument("--repeats", type=int, default=None, help="retakes of a disturbed step (default 1, quick 0)")
     parser.add_argument("--threshold", type=float, default=0.25, help="others' cores above which a step is disturbed")
     parser.add_argument("--setup-trl", action="store_true", help="make bench/_work/trl-venv first")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    args.steps = args.steps if args.steps is not None else (1 if args.quick else 3)
-    args.repeats = args.repeats if args.repeats is not None else (0 if args.quick else 2)
+    args.steps = args.steps if args.steps is not None else (1 if args.quick else 2)
+    args.repeats = args.repeats if args.repeats is not None else (0 if args.quick else 1)
     out = args.out or (WORK / "trl_quick.md" if args.quick else ROOT / "bench" / "results" / "trl.md")
     if args.setup_trl and setup_trl() != 0:
         return 1

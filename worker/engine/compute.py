@@ -132,9 +132,10 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     prompt_ids, prompt_mask: (N, P) left-padded -> responses, response_mask, rollout_log_probs: (N, R),
     R = max_new_tokens; the EOS token is part of the response; after it the row is padding.
 
-    Under FSDP every rank must run the same number of forwards (each one may gather parameters), so
-    the loop stops only when the rows of every rank in ``sync_group`` are finished. An FSDP2 model is
-    gathered once around the whole loop (``unsharded``).
+    An FSDP2 model is gathered once around the whole loop (``unsharded``): its decode forwards run no
+    collective, so each rank stops when its own rows are finished. Under FSDP1 every forward gathers
+    parameters, so every rank must run the same number of them: the loop stops only when the rows of
+    every rank in ``sync_group`` are finished (one all-reduce per token, ``decodes_in_lockstep``).
 
     The n samples of a prompt (consecutive identical rows, ``prompt_groups``) share its prefill: the
     prompt runs once and its KV cache and last logits are copied to its n rows before the first sample.
@@ -143,6 +144,8 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     device = prompt_ids.device
     mask = prompt_mask.clone()  # (N, P + t)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, P)
+    world = dist.get_world_size(sync_group) if sync_group is not None else 1
+    lockstep = decodes_in_lockstep(model, world)
     unique, expand = prompt_groups(prompt_ids, prompt_mask)  # (U,), (N,)
     shared = len(unique) < n
     inputs, prefill_mask, prefill_pos = ((prompt_ids[unique], mask[unique], position_ids[unique]) if shared
@@ -169,7 +172,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
             if eos_token_id is not None:
                 alive = alive & (token != eos_token_id)
             remaining = torch.tensor([int(alive.any())], dtype=torch.long, device=device)  # nccl reduces on the GPU
-            if sync_group is not None and dist.get_world_size(sync_group) > 1:
+            if lockstep:
                 dist.all_reduce(remaining, group=sync_group)
             if int(remaining) == 0:
                 break
@@ -184,6 +187,16 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     response_mask[:, :steps] = torch.stack(alive_steps, dim=1).long()  # (N, steps)
     rollout_log_probs[:, :steps] = torch.stack(logps, dim=1)  # (N, steps)
     return {"responses": responses, "response_mask": response_mask, "rollout_log_probs": rollout_log_probs}
+
+
+def decodes_in_lockstep(model: torch.nn.Module, world: int) -> bool:
+    """Whether the ranks' decode loops must agree on every token: only for a model whose forwards are
+    collectives during the rollout (FSDP1, which gathers in every forward) in a world of several ranks.
+    An FSDP2 model is gathered once for the whole loop (``unsharded``) and an unwrapped one holds all
+    its weights: their ranks decode on their own."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return world > 1 and any(isinstance(m, FSDP) for m in model.modules())
 
 
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -469,3 +469,18 @@ def test_a_frozen_role_on_cpu_is_held_whole_on_every_rank(device, trained, sp, r
         model = tiny_lm()
         wrapped, optimizer = rank._shard(model, plan)
         assert wrapped is model and optimizer is None and not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("wrap,world,expected", [("none", 2, False), ("fsdp2", 2, False), ("fsdp1", 2, True),
+                                                 ("fsdp1", 1, False)])
+def test_only_fsdp1_ranks_decode_in_lockstep(world_of_one, wrap, world, expected):
+    """FSDP2 rollouts gather once (``unsharded``): no all-reduce per generated token; FSDP1 gathers in every
+    forward, so its ranks must agree on every token."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = tiny_lm()
+    if wrap == "fsdp2":
+        model = fsdp2(model)
+    elif wrap == "fsdp1":
+        model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+    assert compute.decodes_in_lockstep(model, world) is expected
