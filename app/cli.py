@@ -9,6 +9,7 @@ Exit codes: 0 success, 2 invalid input (bad spec, file, profile), 1 anything els
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -83,13 +84,16 @@ def _warn(text: str) -> None:
 def print_resolution(resolution: Resolution) -> None:
     """A table of the four roles (with what verl's rollout engine runs, where it picks its own backend), then
     each role's ordered reasons (rule id and sentence)."""
-    table = Table(title=f"attention per role on {resolution.environment} (policy {resolution.policy})",
+    table = Table(title=f"attention per role on {resolution.environment} (policy {resolution.policy}, "
+                        f"verl model_engine={resolution.model_engine})",
                   title_justify="left")
     for column in ("role", "requested", "source", "effective", "status", "under verl"):
         table.add_column(column, no_wrap=True)
     for role in resolution.roles.values():
         status = Text(role.status, style=STATUS_STYLE.get(role.status, ""))
-        under_verl = role.under_verl.effective if role.under_verl else "-"
+        engine = role.verl_engine
+        under_verl = (role.under_verl.effective if role.under_verl
+                      else (engine.effective or "refused") if engine else "-")
         table.add_row(role.role, role.requested, role.source, role.effective or "-", status, under_verl)
     out.print(table)
     for role in resolution.roles.values():
@@ -98,6 +102,14 @@ def print_resolution(resolution: Resolution) -> None:
             out.print(Text.assemble("  ", (f"[{reason.rule}]", "cyan"), f" {reason.text}"))
         if role.error:
             out.print(Text.assemble("  ", ("error: ", "bold red"), role.error))
+        if role.verl_engine:
+            engine = role.verl_engine
+            out.print(Text(f"  under verl (model_engine={engine.engine}): {engine.key}={engine.requested} "
+                           f"({engine.source}) -> {engine.effective or 'refused'}"))
+            for reason in engine.reasons:
+                out.print(Text.assemble("    ", (f"[{reason.rule}]", "cyan"), f" {reason.text}"))
+            if engine.error:
+                out.print(Text.assemble("    ", ("verl error: ", "bold red"), engine.error))
 
 
 @cli.command("resolve")
@@ -105,14 +117,23 @@ def resolve_cmd(
     spec: Annotated[Path, typer.Argument(help="Spec file: YAML/JSON, or a verl command line.")],
     env: Annotated[str, typer.Option("--env", help=f"Target profile: {', '.join(PROFILES)}.")] = "cpu",
     env_file: Annotated[Path | None, typer.Option("--env-file", help="A probe result (JSON) instead of a profile.")] = None,
+    confine: Annotated[bool, typer.Option(
+        "--confine", help="Also check the spec's paths against the server's allowed folders (ATTNBOARD_MODEL_ROOTS, "
+                          "ATTNBOARD_DATA_ROOTS, the checkpoint folder), as POST /api/runs does.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show, per role, which attention implementation will run and why, and every issue a launch would
     refuse (the checks of POST /api/resolve: Ulysses sizes against the model folder's head counts, batch
-    arithmetic, ...). Exit 2 on an invalid spec, 1 when a role cannot load."""
+    arithmetic, ...; with --confine, paths outside the server's allowed folders). Exit 2 on an invalid spec,
+    1 when a role cannot load."""
     imported = _load(spec, as_json)
     environment = _environment(env, env_file, as_json)
     result = preview(imported.spec, environment)
+    if confine:
+        from app.core.config import get_settings
+        from worker.spec.confine import path_issues
+
+        result.issues[:0] = path_issues(imported.spec, get_settings().roots)
     errors = result.errors
     if as_json:
         print(json.dumps({**result.resolution.to_dict(), "issues": [i.as_dict() for i in result.issues],
@@ -193,11 +214,20 @@ def serve_cmd(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     reload: Annotated[bool, typer.Option(help="Reload on code changes (development).")] = False,
+    proxy_headers: Annotated[bool, typer.Option(
+        help="Behind a reverse proxy: take the client address and the scheme (https) from X-Forwarded-For and "
+             "X-Forwarded-Proto, so cookies get Secure and answers carry HSTS.")] = False,
+    forwarded_allow_ips: Annotated[str, typer.Option(
+        help="Proxies whose X-Forwarded-* headers are trusted (comma-separated addresses, or *).")] = "127.0.0.1",
 ) -> None:
     """Serve the dashboard and the REST API (migrations are applied at start-up)."""
     import uvicorn
 
-    uvicorn.run("app.main:create_served_app", factory=True, host=host, port=port, reload=reload, proxy_headers=False)
+    from app.core.config import get_settings, record_served
+
+    record_served(get_settings())
+    uvicorn.run("app.main:create_served_app", factory=True, host=host, port=port, reload=reload,
+                proxy_headers=proxy_headers, forwarded_allow_ips=forwarded_allow_ips)
 
 
 EXIT_FAILED, EXIT_CANCELLED, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 3, 4, 5
@@ -322,39 +352,115 @@ def run_cmd(ctx: typer.Context) -> None:
     raise typer.Exit(worker_main(["run", *ctx.args]))
 
 
+TOKEN_SCOPES = {"read": ["read"], "write": ["read", "write"], "admin": ["admin", "read", "write"]}
+
+
+def _token_database(as_json: bool):
+    """The server's database, found as ``attnboard serve`` finds it (ATTNBOARD_* variables, ``.env``, else
+    ``./data``); when that is a SQLite file that does not exist and no variable names one, the database the last
+    ``attnboard serve`` noted (``served_pointer_path``); refused (exit 2) when none exists, so a token is never
+    written into a fresh database the server does not read."""
+    from app.core.config import get_settings, served_settings, sqlite_path
+    from app.db import make_engine, run_migrations
+
+    settings = get_settings()
+    db_file = sqlite_path(settings.DATABASE_URL)
+    named = any(os.environ.get(f"ATTNBOARD_{key}") for key in ("DATA_DIR", "DATABASE_URL"))
+    if db_file is not None and not db_file.exists() and not named:
+        served = served_settings()
+        if served is not None:
+            settings = served
+            db_file = sqlite_path(settings.DATABASE_URL)
+    if db_file is not None and not db_file.exists():
+        _fail(f"no attnboard database at {db_file.resolve()}: run this where the server runs (its folder or its .env), "
+              "or set ATTNBOARD_DATA_DIR or ATTNBOARD_DATABASE_URL as the server has them", as_json=as_json,
+              field="ATTNBOARD_DATA_DIR", value=str(settings.DATA_DIR.resolve()),
+              valid="the server's data folder (attnboard migrate creates a new one)")
+    run_migrations(settings.DATABASE_URL)
+    return make_engine(settings.DATABASE_URL), _redact(settings.DATABASE_URL)
+
+
 @token_cli.command("create")
 def token_create_cmd(
     name: Annotated[str, typer.Argument(help="A label for the token, e.g. nightly-ci.")],
-    scope: Annotated[str, typer.Option(help="write (launch, cancel, retry; implies read) or read.")] = "write",
+    scope: Annotated[str, typer.Option(help="write (launch, cancel, retry; implies read), read, or admin "
+                                            "(also mints and revokes tokens).")] = "write",
     as_json: JsonOpt = False,
 ) -> None:
     """Create an API token; its secret is shown once, only its hash is stored."""
     from sqlmodel import Session
 
-    from app.core.config import get_settings
-    from app.db import make_engine, run_migrations
     from app.services.tokens import create_token
 
-    valid = ["read", "write"]
+    valid = list(TOKEN_SCOPES)
     if scope not in valid:
         _fail(f"--scope {scope!r} is not valid; valid: {', '.join(valid)}", as_json=as_json, field="--scope",
               value=scope, valid=valid)
     if not name.strip() or len(name) > 200:
         _fail("the token name must be 1 to 200 characters", as_json=as_json, field="NAME", value=name[:200])
-    scopes = ["read", "write"] if scope == "write" else ["read"]
-    settings = get_settings()
-    run_migrations(settings.DATABASE_URL)
-    engine = make_engine(settings.DATABASE_URL)
+    scopes = TOKEN_SCOPES[scope]
+    engine, database = _token_database(as_json)
     try:
         with Session(engine) as session:
-            token, secret = create_token(session, name=name, scopes=scopes)
+            token, secret = create_token(session, name=name, scopes=scopes)  # type: ignore[arg-type]
             token_id = token.id
     finally:
         engine.dispose()
     if as_json:
-        print(json.dumps({"id": token_id, "name": name, "scopes": scopes, "token": secret}))
+        print(json.dumps({"id": token_id, "name": name, "scopes": scopes, "token": secret, "database": database}))
     else:
-        out.print(f"token {name!r} ({scope}) created. It is shown once; store it now:\n{secret}", markup=False)
+        out.print(f"token {name!r} ({scope}) created in database {database}. It is shown once; store it now:\n{secret}",
+                  markup=False)
+
+
+@token_cli.command("list")
+def token_list_cmd(as_json: JsonOpt = False) -> None:
+    """The tokens of the server's database: id, name, scopes, prefix, last use, revoked (never the secret)."""
+    from sqlmodel import Session
+
+    from app.models import ApiTokenPublic
+    from app.services.tokens import list_tokens
+
+    engine, database = _token_database(as_json)
+    try:
+        with Session(engine) as session:
+            rows = [ApiTokenPublic.model_validate(r).model_dump(mode="json") for r in list_tokens(session)]
+    finally:
+        engine.dispose()
+    if as_json:
+        print(json.dumps({"database": database, "tokens": rows}))
+        return
+    out.print(f"tokens in database {database}:", markup=False)
+    for r in rows:
+        state = "revoked" if r["revoked"] else f"last used {r['last_used_at'] or 'never'}"
+        out.print(f"{r['id']:>4}  {r['name']:<24} {','.join(r['scopes']):<18} {r['prefix']}...  {state}", markup=False)
+
+
+@token_cli.command("revoke")
+def token_revoke_cmd(
+    token_id: Annotated[int, typer.Argument(help="The token's id (see `attnboard token list`).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Revoke a token: its API calls and the browser sessions signed in with it stop at once."""
+    from sqlmodel import Session
+
+    from app.errors import AppError
+    from app.services.tokens import revoke_token
+
+    engine, database = _token_database(as_json)
+    try:
+        with Session(engine) as session:
+            try:
+                row = revoke_token(session, token_id=token_id)
+            except AppError as exc:
+                _fail(exc.message, as_json=as_json, field="TOKEN_ID", value=token_id)
+            name = row.name
+    finally:
+        engine.dispose()
+    if as_json:
+        print(json.dumps({"id": token_id, "name": name, "revoked": True, "database": database}))
+    else:
+        out.print(f"token {token_id} ({name!r}) revoked in database {database}", markup=False)
 
 
 def main() -> None:

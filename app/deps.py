@@ -1,4 +1,4 @@
-"""Dependencies as ``Annotated`` aliases; tests swap them with ``app.dependency_overrides``.
+"""Every dependency alias of the app, for the API and the pages; tests swap them with ``app.dependency_overrides``.
 
 The cheap ones are ``async def``: FastAPI runs a plain ``def`` dependency in the thread pool, a hop
 that costs more than the dependency itself. Who is calling (``get_principal``) is found once per
@@ -11,15 +11,18 @@ override them, not ``get_principal``, to change access in a test."""
 from __future__ import annotations
 
 import gc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
+from app import auth_browser
 from app.core.config import Settings
+from app.errors import AppError, LoginRequired
 from app.services.auth import (
     ANONYMOUS,
     Principal,
@@ -27,6 +30,7 @@ from app.services.auth import (
     presents_credentials,
     require_scope,
 )
+from app.services.common import ROOTS
 from app.services.launcher import Launcher
 from app.services.reads import Reader
 
@@ -35,8 +39,14 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def open_session(request: Request) -> Session:
+    """A database session of the app's engine, for code that outlives a dependency (a stream's reads)."""
+    return Session(request.app.state.engine, expire_on_commit=False)
+
+
 def get_session(request: Request) -> Iterator[Session]:
-    with Session(request.app.state.engine, expire_on_commit=False) as session:
+    with open_session(request) as session:
+        session.info[ROOTS] = request.app.state.settings.roots  # each run made in this request checks its paths
         yield session
 
 
@@ -79,13 +89,19 @@ async def _launcher(request: Request) -> Launcher | None:
     return get_launcher(request)
 
 
+async def get_model_roots(request: Request) -> list[Path]:
+    """The folders a model path may name (``ATTNBOARD_MODEL_ROOTS``): the preview reads head counts there."""
+    return list(request.app.state.settings.MODEL_ROOTS)
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+ModelRoots = Annotated[list[Path], Depends(get_model_roots)]
 SessionDep = Annotated[Session, Depends(get_session)]
 LauncherDep = Annotated[Launcher | None, Depends(_launcher)]
 
 
 def _authenticate(request: Request) -> Principal:
-    with Session(request.app.state.engine, expire_on_commit=False) as session:
+    with open_session(request) as session:
         return current_principal(request, session, request.app.state.authenticators)
 
 
@@ -116,6 +132,11 @@ async def require_write(request: Request) -> Principal:
     return require_scope(await get_principal(request), "write")
 
 
+async def require_admin(request: Request) -> Principal:
+    """Minting, listing and revoking tokens: the admin scope (a write token cannot mint itself more)."""
+    return require_scope(await get_principal(request), "admin")
+
+
 async def require_token(request: Request) -> Principal:
     """Any valid token (read scope): for POST endpoints that compute but change nothing."""
     return require_scope(await get_principal(request), "read")
@@ -123,3 +144,51 @@ async def require_token(request: Request) -> Principal:
 
 ReadAccess = Annotated[Principal, Depends(require_read)]
 WriteAccess = Annotated[Principal, Depends(require_write)]
+
+
+# The route-level lists (``dependencies=Read``) of the API's routers.
+Read, Write = [Depends(require_read)], [Depends(require_write)]
+
+
+# --------------------------------------------------------------------------------------------
+# The dashboard's pages
+
+
+def page_user(request: Request, session: SessionDep) -> Principal:
+    """Who is looking (bearer token or session cookie), and the CSRF token the page embeds; a page that
+    needs a principal sends an anonymous browser to /login (``LoginRequired``)."""
+    principal = current_principal(request, session, request.app.state.authenticators)
+    request.state.principal = principal
+    request.state.csrf_token = auth_browser.csrf_token_for(request)
+    if request.app.state.settings.REQUIRE_TOKEN_FOR_READS and not principal.can("read"):
+        raise LoginRequired()
+    return principal
+
+
+PageUser = Annotated[Principal, Depends(page_user)]
+CSRF = [Depends(auth_browser.check_csrf)]
+"""Every browser POST: 403 unless it carries the session's CSRF token (``app.auth_browser``)."""
+
+
+def require_page_write(principal: Principal) -> None:
+    """A page that changes something: anonymous goes to /login, a read-only principal gets a 403."""
+    if principal.kind == "anonymous":
+        raise LoginRequired()
+    if not principal.can("write"):
+        raise AppError(403, "forbidden", f"{principal.kind} {principal.name!r} is read only: launching, cancelling "
+                       "and retrying need a token with the write scope", field="scope",
+                       value=sorted(principal.scopes), valid=["write"])
+
+
+# --------------------------------------------------------------------------------------------
+# Trials
+
+
+def get_trial_starter(request: Request) -> Callable[[int], Any]:
+    """What follows a new trial: the scheduler is woken (the trial starts in the engine host when its ranks
+    are free; with no Ray launcher attached it stays queued)."""
+    wake = getattr(request.app.state.launcher, "wake", None)
+    return lambda trial_id: wake.set() if wake is not None else None
+
+
+TrialStarter = Annotated[Callable[[int], Any], Depends(get_trial_starter)]

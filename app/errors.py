@@ -6,7 +6,10 @@ routes, bad methods, unparseable bodies) and, last, real bugs into one JSON shap
 
     {"error": {"code", "message", "field", "value", "valid", "issues": [...]}}
 
-The dashboard adds an HTML branch in ``render_error`` (browser requests get a page or fragment).
+``render_error`` is the one place an error becomes a response: that JSON for ``/api/...`` and for
+clients that do not ask for HTML; for a browser, the error page (``error.html``), or only its ``error``
+block when htmx asked (``HX-Request: true``). A page that needs a principal raises ``LoginRequired``,
+answered with a redirect to /login.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.web import is_htmx, page_context, redirect, render
 from worker.core.pydantic_errors import valid_for
 from worker.spec import Issue, SpecError
 
@@ -293,9 +297,23 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(found)
 
 
+class LoginRequired(Exception):
+    """A page that needs a principal was asked for anonymously: the browser goes to /login."""
+
+
+def wants_page(request: Request) -> bool:
+    """A browser outside the API: it asks for HTML, or it is htmx."""
+    if request.url.path == "/api" or request.url.path.startswith("/api/"):
+        return False
+    return "text/html" in request.headers.get("accept", "") or is_htmx(request)
+
+
 def render_error(request: Request, error: AppError) -> Response:
-    """The one place an error becomes a response (JSON for the API; the dashboard adds HTML)."""
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    """The one place an error becomes a response: JSON for the API, a page or fragment for the browser."""
+    if not wants_page(request):
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    return render(request, "error.html", {**page_context(request), "error": error}, block="error",
+                  status_code=error.status, headers=error.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -316,6 +334,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return render_error(request, AppError(500, "internal_error",
                                               "attnboard hit a bug; the server log has the traceback"))
 
+    async def on_login_required(request: Request, exc: LoginRequired) -> Response:
+        return redirect(f"/login?next={request.url.path}")
+
+    app.add_exception_handler(LoginRequired, on_login_required)  # type: ignore[arg-type]
     app.add_exception_handler(AppError, on_app_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]

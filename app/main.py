@@ -14,27 +14,48 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from app import auth_browser
 from app.core.config import Settings, database_identity, get_settings
 from app.db import make_engine, run_migrations
 from app.errors import ERROR_RESPONSES, install_error_handlers
-from app.middleware import BodySizeLimit
+from app.middleware import BodySizeLimit, DocsReadRule, LoginThrottle, NoNulInQuery, TrustedHosts, default_allowed_hosts
 from app.models import Run
-from app.routes import health, pages, runs, specs, tokens, tools, trials, troubleshooting
+from app.models_troubleshooting import Trial
+from app.routes import (
+    compare,
+    health,
+    live_run,
+    login,
+    new_run,
+    runs,
+    runs_list,
+    specs,
+    tokens,
+    tokens_page,
+    tools,
+    trials,
+    troubleshooting,
+)
 from app.services import trials as trials_service
 from app.services.auth import bearer_authenticator
 from app.services.feeds import RunFeeds
+from app.services.interop import import_calls
 from app.services.launcher import Launcher
 from app.services.pump import RunChanges, Supervisor
-from app.services.ray_launcher import ACTIVE, RayLauncher
+from app.services.ray_launcher import ACTIVE, TRIAL_ACTIVE, RayLauncher
 from app.services.ray_runtime import RayRuntime, RayUnavailable
+from app.web import STATIC_DIR
 from worker.core.contract import host_name
 
 log = logging.getLogger("attnboard")
 
 API_ROUTERS = (health.router, specs.router, runs.router, tools.router, tokens.router)
+# The dashboard, one module per page; /runs/new before /runs/{run_id}.
+PAGE_ROUTERS = (new_run.router, live_run.router, runs_list.router, login.router, compare.router, tokens_page.router)
 
 
 def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None, migrate: bool = True,
@@ -54,9 +75,12 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         # On the main thread (blocking start-up and shutdown is fine): Ray's driver wants its signal handlers
         # there and aborts the process when it is shut down from another thread.
         supervisor = _start_ray(app, settings) if ray else None
+        if ray:
+            app.state.imports.warm(app.state.imports.max_children)  # the served app's imports find children ready
         yield
         if supervisor is not None:
             _stop_ray(app, supervisor)
+        app.state.imports.close()
         app.state.engine.dispose()
 
     app = FastAPI(
@@ -70,18 +94,25 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.engine = make_engine(settings.DATABASE_URL)
     app.state.launcher = launcher
     app.state.run_changes = RunChanges()
+    app.state.imports = import_calls(settings.IMPORT_TIMEOUT_S)  # scripts are read in child processes
     app.state.run_feeds = RunFeeds(app.state.engine, app.state.run_changes)
     # Tried in order for every request; the dashboard appends its session-cookie authenticator.
     app.state.authenticators = [bearer_authenticator]
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.MAX_BODY_BYTES)
+    app.add_middleware(NoNulInQuery)
+    app.add_middleware(LoginThrottle)
+    app.add_middleware(DocsReadRule)
+    app.add_middleware(TrustedHosts, allowed=settings.ALLOWED_HOSTS or default_allowed_hosts())  # runs first
     install_error_handlers(app)
     for router in API_ROUTERS:
         app.include_router(router)
 
-    # ---- dashboard (owned by the dashboard engineer): add the pages router below this line.
-    pages.install(app)
-    # ---- end dashboard
+    # The dashboard: its pages, its static files, and the session cookie as a second authenticator.
+    for router in PAGE_ROUTERS:
+        app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.state.authenticators.append(auth_browser.session_authenticator)
     for module in (troubleshooting, trials):  # the troubleshooting log and the attention trials (issue 6)
         app.include_router(module.router)
         app.include_router(module.pages)
@@ -115,6 +146,8 @@ def _stop_ray(app: FastAPI, supervisor: Supervisor) -> None:
     with Session(app.state.engine) as session:
         active = session.exec(select(func.count()).select_from(Run)
                               .where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).one()
+        active += session.exec(select(func.count()).select_from(Trial)  # trials run in the engine host too
+                               .where(col(Trial.status).in_(TRIAL_ACTIVE), col(Trial.engine_job).is_not(None))).one()
     if not active:
         supervisor.launcher.stop_host()
     supervisor.launcher.runtime.shutdown(active_runs=active)

@@ -378,12 +378,30 @@ class AppendResult(BaseModel):
     inserted: int
     duplicates: int
     last_seq: int
+    conflicts: int = Field(0, description="Events whose seq was already stored with a different kind or payload: "
+                           "the stored one is kept, the other logged and counted in event_conflict.")
+
+
+class EventConflict(SQLModel, table=True):
+    """An event that arrived with a seq already stored under a different kind or payload: the first one stays
+    (the engine numbers its events once), this one is kept here, logged and counted, never silently dropped."""
+
+    __tablename__ = "event_conflict"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(sa_column=Column(Integer, ForeignKey("run.id", ondelete="CASCADE"), nullable=False, index=True))
+    seq: int = Field(nullable=False)
+    kind: str = Field(max_length=32, nullable=False)
+    payload: dict[str, Any] = Field(default_factory=dict, sa_type=JSON, nullable=False)
+    stored_kind: str = Field(max_length=32, nullable=False)
+    detected_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
 
 
 # --------------------------------------------------------------------------------------------
-# API tokens (a User table and browser sessions come with the dashboard; a token may gain a user_id).
+# API tokens and the browser sessions signed in with them.
 
-Scope = Literal["read", "write"]
+Scope = Literal["read", "write", "admin"]
+"""read: GET everything; write: launch, cancel, retry; admin: mint and revoke tokens."""
 
 
 class ApiTokenBase(SQLModel):
@@ -405,6 +423,21 @@ class ApiToken(ApiTokenBase, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
     last_used_at: datetime | None = Field(default=None, sa_type=DateTime(timezone=True), nullable=True)
     revoked: bool = Field(default=False, nullable=False)
+
+
+class BrowserSession(SQLModel, table=True):
+    """A signed-in browser. The cookie carries the session's random id (signed); only its sha256 is stored. Logout,
+    expiry or revoking the token ends it server-side, so a replayed cookie is worth nothing."""
+
+    __tablename__ = "browser_session"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_hash: str = Field(sa_column=Column(String(64), nullable=False, unique=True))
+    token_id: int = Field(sa_column=Column(Integer, ForeignKey("apitoken.id", ondelete="CASCADE"), nullable=False))
+    csrf: str = Field(max_length=64, nullable=False)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)
+    expires_at: datetime = Field(sa_type=DateTime(timezone=True), nullable=False)
+    ended_at: datetime | None = Field(default=None, sa_type=DateTime(timezone=True), nullable=True)
 
 
 class ApiTokenPublic(ApiTokenBase):

@@ -146,6 +146,10 @@ class TrialStatus(str, Enum):
     running = "running"
     succeeded = "succeeded"
     failed = "failed"
+    cancelled = "cancelled"
+
+
+TRIAL_TERMINAL = frozenset({TrialStatus.succeeded.value, TrialStatus.failed.value, TrialStatus.cancelled.value})
 
 
 class Trial(SQLModel, table=True):
@@ -158,6 +162,10 @@ class Trial(SQLModel, table=True):
     environment: Any = Field(default=None, sa_type=JSON, nullable=True)
     result: dict[str, Any] | None = Field(default=None, sa_type=JSON, nullable=True)
     error: str | None = Field(default=None, sa_type=Text)
+    status_reason: str | None = Field(default=None, sa_type=Text)  # what it waits for, does now, or how it ended
+    engine_job: str | None = Field(default=None, max_length=NAME_MAX, nullable=True)  # its job in the engine host
+    cancel_requested: bool = Field(default=False, nullable=False)
+    restarts: int = Field(default=0, nullable=False, sa_column_kwargs={"server_default": "0"})
     author: str = Field(max_length=NAME_MAX)
     created_at: datetime = Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False, index=True)
     started_at: datetime | None = Field(default=None, sa_type=DateTime(timezone=True), nullable=True)
@@ -184,6 +192,11 @@ class TrialPublic(BaseModel):
     environment: Any
     result: dict[str, Any] | None
     error: str | None
+    status_reason: str | None = Field(description="What the trial waits for (e.g. the ranks a run holds), what it "
+                                                   "does now, or how it ended.")
+    engine_job: str | None = Field(description="Its job in the engine host, once started there.")
+    cancel_requested: bool
+    restarts: int = Field(description="Times it was started again after its engine host died.")
     author: str
     created_at: UtcDatetime
     started_at: UtcDatetime | None

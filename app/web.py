@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import RedirectResponse
 from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
 from starlette.responses import Response
 
-from app.auth_browser import set_pending_cookies
+from worker.core.implementations import FALLBACK_CHAIN
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 STATIC_DIR = Path(__file__).parent / "static"
@@ -73,6 +74,7 @@ templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
 templates.env.filters["badge"] = badge
 templates.env.filters["json_script"] = json_script
 templates.env.globals["badge"] = badge
+templates.env.globals["trial_implementations"] = FALLBACK_CHAIN  # the new-run form's trial choices
 
 
 def is_htmx(request: Request) -> bool:
@@ -100,5 +102,19 @@ def render(
     if block is not None and is_htmx(request):
         kwargs["block_name"] = block
     response = templates.TemplateResponse(request, template, ctx, status_code=status_code, headers=headers, **kwargs)
-    set_pending_cookies(request, response)
+    for name, value, options in getattr(request.state, "pending_cookies", ()):  # see app.auth_browser.csrf_token_for
+        response.set_cookie(name, value, **options)
     return add_security_headers(response)
+
+
+def page_context(request: Request) -> dict[str, Any]:
+    """What every page's layout needs: the principal and the CSRF token (set by ``app.deps.page_user``)."""
+    return {
+        "principal": getattr(request.state, "principal", None),
+        "csrf_token": getattr(request.state, "csrf_token", ""),
+    }
+
+
+def redirect(url: str) -> RedirectResponse:
+    """After a browser POST: 303, so a reload does not post again."""
+    return RedirectResponse(url, status_code=303)

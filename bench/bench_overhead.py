@@ -183,7 +183,7 @@ def plain_step(m: Models, ids: torch.Tensor, mask: torch.Tensor, r: int, generat
 def inprocess_step(m: Models, ids: torch.Tensor, mask: torch.Tensor, r: int, eos: int, pad: int,
                    generator: torch.Generator) -> dict[str, float]:
     from worker.engine import compute
-    from worker.ppo import core_algos as ppo_math
+    from worker.ppo import advantage
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -205,7 +205,7 @@ def inprocess_step(m: Models, ids: torch.Tensor, mask: torch.Tensor, r: int, eos
     times[PARTS[1]] = time.perf_counter() - t0
     scores = torch.zeros_like(batch["values"])  # (N, R)
     scores[:, -1] = torch.rand(len(scores))
-    batch["advantages"], batch["returns"] = ppo_math.compute_gae_advantage_return(
+    batch["advantages"], batch["returns"] = advantage.compute_gae_advantage_return(
         scores, batch["values"], batch["response_mask"].float(), 1.0, 1.0)
 
     actor = compute.ActorSettings(ppo_epochs=1, mini_batch=ROWS, micro_batch=MICRO, clip_ratio=CLIP, entropy_coeff=0.0,

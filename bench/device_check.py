@@ -208,7 +208,7 @@ def ppo_step(worker: Any, *, rows: int, seq: int, response: int, micro_rows: int
     import torch
 
     from worker.engine import compute
-    from worker.ppo import core_algos as ppo_math
+    from worker.ppo import advantage
 
     prompt = seq - response
     gen = torch.Generator().manual_seed(100 + step)
@@ -228,7 +228,7 @@ def ppo_step(worker: Any, *, rows: int, seq: int, response: int, micro_rows: int
     # A rule on the token ids (a random model has no tokenizer): the share of even ids, on the last token.
     scores = torch.zeros_like(mask)  # (N, R)
     scores[:, -1] = (out["responses"] % 2 == 0).float().mean(dim=-1)
-    batch["advantages"], batch["returns"] = ppo_math.compute_gae_advantage_return(scores, batch["values"], mask,
+    batch["advantages"], batch["returns"] = advantage.compute_gae_advantage_return(scores, batch["values"], mask,
                                                                                    1.0, 1.0)
     worker.update_critic(batch, compute.CriticSettings(ppo_epochs=1, mini_batch=rows, micro_batch=micro_rows,
                                                        cliprange_value=0.5, grad_clip=1.0))

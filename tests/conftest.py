@@ -189,6 +189,12 @@ def write_headers(session: Session) -> dict[str, str]:
 
 
 @pytest.fixture
+def admin_headers(session: Session) -> dict[str, str]:
+    """A token that may also mint and revoke tokens."""
+    return _token_headers(session, ["read", "write", "admin"])
+
+
+@pytest.fixture
 def read_headers(session: Session) -> dict[str, str]:
     return _token_headers(session, ["read"])
 

@@ -114,8 +114,8 @@ def _run(args: argparse.Namespace) -> int:
     import ray
 
     from worker.engine import models
-    from worker.engine.controller import RunOptions, Trainer
     from worker.engine.events import EventLog, RunState
+    from worker.engine.trainer import RunOptions, Trainer
     from worker.interop.verl import VerlImportError
     from worker.spec import SpecError
 

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from worker.spec.confine import Roots
+
 ENV_PREFIX = "ATTNBOARD_"
 SECRET_KEY_FILE = "secret_key"
 _RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")
@@ -112,6 +114,12 @@ class Settings(BaseSettings):
         description="Folders local Hugging Face models may be loaded from, separated by ':' (or a JSON list); "
         "each must exist. Empty allows only the built-in models.",
     )
+    DATA_ROOTS: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Folders data files (data.train_files) may be read from, separated by ':' (or a JSON list); "
+        "each must exist. Empty allows only the built-in tasks. A path outside them is refused at submit (422 "
+        "naming the key), the same whether or not it exists.",
+    )
     CHECKPOINT_DIR: str = Field(
         "",
         description="Folder of the runs' artefacts: run N's relative trainer.default_local_dir (its checkpoints) "
@@ -124,6 +132,29 @@ class Settings(BaseSettings):
         le=1_073_741_824,
         description="Largest request body accepted, in bytes; bigger requests get 413.",
     )
+
+    IMPORT_TIMEOUT_S: float = Field(
+        1.5,
+        gt=0,
+        le=600,
+        description="Wall clock of one import of a verl script or YAML (POST /api/import, the form's import box), "
+        "in seconds: the text is read in a child process, killed when it overruns, and the import answers 422 "
+        "import_timeout; the server keeps answering meanwhile.",
+    )
+
+    ALLOWED_HOSTS: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names the server answers to, separated by ',' (* any, *.example.com its subdomains); "
+        "other Host headers get 400, so a page on another domain rebound to this address reads nothing. Empty "
+        "means the loopback names, this machine's names and the address a connection reached.",
+    )
+
+    @field_validator("ALLOWED_HOSTS", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("DATABASE_URL")
     @classmethod
@@ -138,7 +169,7 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} is not a Ray address; valid: empty (local Ray), auto, HOST:PORT or ray://HOST:PORT")
         return value
 
-    @field_validator("MODEL_ROOTS", mode="before")
+    @field_validator("MODEL_ROOTS", "DATA_ROOTS", mode="before")
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -153,14 +184,15 @@ class Settings(BaseSettings):
             return [part for part in text.split(os.pathsep) if part]
         return value
 
-    @field_validator("MODEL_ROOTS")
+    @field_validator("MODEL_ROOTS", "DATA_ROOTS")
     @classmethod
-    def _roots_exist(cls, value: list[Path]) -> list[Path]:
+    def _roots_exist(cls, value: list[Path], info: Any) -> list[Path]:
         roots = []
         for root in value:
             resolved = root.expanduser().resolve()
             if not resolved.is_dir():
-                raise ValueError(f"model root {str(root)!r} is not an existing folder")
+                what = "model" if info.field_name == "MODEL_ROOTS" else "data"
+                raise ValueError(f"{what} root {str(root)!r} is not an existing folder")
             roots.append(resolved)
         return roots
 
@@ -178,6 +210,11 @@ class Settings(BaseSettings):
         engine runs in other processes with other working folders."""
         chosen = Path(self.CHECKPOINT_DIR).expanduser() if self.CHECKPOINT_DIR else self.DATA_DIR / "runs"
         return chosen.resolve()
+
+    @property
+    def roots(self) -> Roots:
+        """The folders a submitted spec's paths must lie in (``worker.spec.confine``)."""
+        return Roots(models=tuple(self.MODEL_ROOTS), data=tuple(self.DATA_ROOTS), checkpoints=self.checkpoint_root)
 
     @field_validator("SECRET_KEY")
     @classmethod
@@ -213,6 +250,38 @@ def _load_or_create_secret(path: Path) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(key + "\n")
     return key
+
+
+def served_pointer_path() -> Path:
+    """Where ``attnboard serve`` notes the database it serves, so the CLI run from another folder finds it:
+    ``$XDG_CONFIG_HOME/attnboard/served.json`` (``~/.config`` by default), readable by this user only."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "attnboard" / "served.json"
+
+
+def record_served(settings: Settings) -> None:
+    """Note the served data folder and database (called by ``attnboard serve``); a failure to write is harmless."""
+    import json
+
+    path = served_pointer_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"DATA_DIR": str(settings.DATA_DIR.resolve()), "DATABASE_URL": settings.DATABASE_URL}, fh)
+    except OSError:
+        pass
+
+
+def served_settings() -> Settings | None:
+    """The settings of the database ``attnboard serve`` last served, from ``served_pointer_path()``; None without."""
+    import json
+
+    try:
+        noted = json.loads(served_pointer_path().read_text())
+        return Settings(DATA_DIR=Path(noted["DATA_DIR"]), DATABASE_URL=noted["DATABASE_URL"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @lru_cache

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response, status
 
 from app.deps import (
     LauncherDep,
+    Read,
+    ReadAccess,
     SessionDep,
     SettingsDep,
+    Write,
+    get_principal,
     reader_of,
-    require_read,
-    require_write,
     serving_lifespan,
 )
 from app.errors import LAUNCH_RESPONSES
@@ -38,9 +40,9 @@ from app.models import (
 from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset, Timestamp
 from app.services import checkpoints, events, interop, pump, reads, runs
 from app.services.events import MAX_EVENTS_PAGE
+from app.services.redact import checkpoints_for, events_without_tracebacks, signed_in
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], lifespan=serving_lifespan)
-Read, Write = [Depends(require_read)], [Depends(require_write)]
 RunId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A run's id.")]
 MAX_EVENTS_PER_POST = 1000
 
@@ -86,17 +88,33 @@ async def list_events(
     after: Annotated[int, Query(ge=0, le=INT32_MAX, description="Return events with seq > after.")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = 100,
 ) -> Response:
-    return _json(await reader_of(request)(reads.events_json, run_id=run_id, after_seq=after, limit=limit))
+    """A page of the run's events; anonymous readers get each traceback as its last line, paths shortened."""
+    body = await reader_of(request)(reads.events_json, run_id=run_id, after_seq=after, limit=limit)
+    if b'"traceback"' in body and not signed_in(await get_principal(request)):
+        body = events_without_tracebacks(body)
+    return _json(body)
 
 
-@router.post("/{run_id}/events", response_model=AppendResult, dependencies=Write)
+async def require_engine(
+    request: Request,
+    run_id: RunId,
+    ingest: Annotated[str | None, Header(alias=events.INGEST_HEADER, description="The run's ingest credential, "
+                                         "held by the engine only.")] = None,
+) -> None:
+    """Before the body is read: only the holder of the run's ingest credential may post its events."""
+    events.check_ingest_credential(request.app.state.settings.SECRET_KEY, run_id, ingest)
+
+
+@router.post("/{run_id}/events", response_model=AppendResult, dependencies=[Depends(require_engine)])
 def append_events(
     request: Request,
     session: SessionDep,
     run_id: RunId,
     body: Annotated[list[EventCreate], Body(max_length=MAX_EVENTS_PER_POST)],
 ) -> AppendResult:
-    """Ingest worker events; idempotent on (run_id, seq), a gap in seq is refused (409)."""
+    """The engine's ingest of a run's events (the ``X-Attnboard-Ingest`` credential; no user token or session may
+    post them): idempotent on (run_id, seq), a gap in seq is refused (409), a seq already stored with a different
+    payload is kept aside and counted (``conflicts``)."""
     result = events.append_events(session, run_id=run_id, events=body)
     if result.inserted:
         request.app.state.run_changes.notify()  # /wait long-polls and the live pages' feeds
@@ -154,11 +172,12 @@ def resume_run(session: SessionDep, settings: SettingsDep, launcher: LauncherDep
                                                            patch=body.patch, name=body.name, launcher=launcher))
 
 
-@router.get("/{run_id}/checkpoints", response_model=CheckpointsPublic, dependencies=Read)
-def list_checkpoints(session: SessionDep, settings: SettingsDep, run_id: RunId) -> CheckpointsPublic:
+@router.get("/{run_id}/checkpoints", response_model=CheckpointsPublic)
+def list_checkpoints(session: SessionDep, settings: SettingsDep, reader: ReadAccess, run_id: RunId) -> CheckpointsPublic:
     """The run's complete checkpoints, oldest first (step, size, time, path, roles), and the folders skipped
-    as incomplete (an interrupted write) with why."""
-    return checkpoints.run_checkpoints(runs.get_run(session, run_id=run_id), settings.checkpoint_root)
+    as incomplete (an interrupted write) with why; anonymous readers get paths relative to the checkpoint root."""
+    listing = checkpoints.run_checkpoints(runs.get_run(session, run_id=run_id), settings.checkpoint_root)
+    return checkpoints_for(reader, listing, settings.checkpoint_root)
 
 
 @router.get("/{run_id}/export", dependencies=Read)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, status
+from fastapi import APIRouter, Path, status
 
-from app.deps import SessionDep, require_read, require_write
+from app.deps import Read, SessionDep, Write
 from app.models import INT32_MAX, SpecCreate, SpecPublic, SpecsPublic, SpecUpdate
 from app.routes.params import ExportFormatQuery, Limit, NameFilter, Offset
 from app.services import interop, specs
 
 router = APIRouter(prefix="/api/specs", tags=["specs"])
-Read, Write = [Depends(require_read)], [Depends(require_write)]
 SpecId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A saved spec's id.")]
 
 

@@ -1,4 +1,5 @@
-"""API tokens. The first one comes from the CLI (`attnboard token create`); later ones from here."""
+"""API tokens. The first one comes from the CLI (`attnboard token create`, admin by default); later ones from
+here, with a token that holds the admin scope."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, status
 
-from app.deps import SessionDep, require_write
+from app.deps import SessionDep, require_admin
 from app.models import INT32_MAX, ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
 from app.services import tokens
 
-router = APIRouter(prefix="/api/tokens", tags=["tokens"], dependencies=[Depends(require_write)])
+router = APIRouter(prefix="/api/tokens", tags=["tokens"], dependencies=[Depends(require_admin)])
 
 
 @router.post("", response_model=ApiTokenCreated, status_code=status.HTTP_201_CREATED)

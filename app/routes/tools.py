@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import ConfigDict, Field
 
-from app.deps import SettingsDep, require_token
+from app.deps import ModelRoots, SettingsDep, require_token
 from app.models import EXAMPLE_SPEC, _Request
 from app.services import interop
 
@@ -35,14 +35,15 @@ class ImportRequest(_Request):
 
 
 @router.post("/resolve", dependencies=[Depends(require_token)])
-def resolve(body: ResolveRequest, settings: SettingsDep) -> dict[str, Any]:
+def resolve(body: ResolveRequest, roots: ModelRoots, settings: SettingsDep) -> dict[str, Any]:
     """Per role: requested, source, effective, status and reasons, on the given environment; and every
     issue a launch would refuse (Ulysses sizes against the model's heads when its folder is readable)."""
     return interop.resolve_preview(spec=body.spec, environment=body.environment,
-                                   model_roots=list(settings.MODEL_ROOTS))
+                                   model_roots=roots, roots=settings.roots)
 
 
 @router.post("/import", dependencies=[Depends(require_token)])
-def import_config(body: ImportRequest) -> dict[str, Any]:
-    """A verl command line or YAML -> spec + warnings. Errors name the offending token and its position."""
-    return interop.import_text(text=body.text, format=body.format)
+def import_config(request: Request, body: ImportRequest) -> dict[str, Any]:
+    """A verl command line or YAML -> spec + warnings. Errors name the offending token and its position. The text
+    is read in a child process: past ``ATTNBOARD_IMPORT_TIMEOUT_S`` the import answers 422 ``import_timeout``."""
+    return interop.import_isolated(request.app.state.imports, text=body.text, format=body.format)

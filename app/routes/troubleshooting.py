@@ -10,11 +10,21 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import CurrentPrincipal, LauncherDep, SessionDep, get_launcher, require_read, require_write
+from app.deps import (
+    CSRF,
+    CurrentPrincipal,
+    LauncherDep,
+    PageUser,
+    ReadAccess,
+    SessionDep,
+    Write,
+    get_launcher,
+    require_page_write,
+)
 from app.errors import LAUNCH_RESPONSES, AppError
 from app.models import INT32_MAX, RunPublic
 from app.models_troubleshooting import (
@@ -27,21 +37,21 @@ from app.models_troubleshooting import (
     RecheckCreate,
     RecheckPublic,
 )
-from app.routes.pages import CSRF, PageUser, page_context, redirect, require_page_write
 from app.routes.params import Limit, NameFilter, Offset
 from app.services import troubleshooting as service
-from app.web import render
+from app.services.redact import entry_for
+from app.web import page_context, redirect, render
 
 router = APIRouter(prefix="/api/troubleshooting", tags=["troubleshooting"])
 pages = APIRouter(tags=["pages"], include_in_schema=False)
-Read, Write = [Depends(require_read)], [Depends(require_write)]
 EntryId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A troubleshooting entry's id.")]
 Text = Annotated[str | None, Query(max_length=200)]
 
 
-@router.get("", response_model=EntriesPublic, dependencies=Read)
+@router.get("", response_model=EntriesPublic)
 def list_entries(
     session: SessionDep,
+    reader: ReadAccess,
     category: Text = None,
     role: Text = None,
     model: NameFilter = None,
@@ -50,10 +60,12 @@ def list_entries(
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> EntriesPublic:
-    """Newest first; ``model`` and ``environment`` match a case-insensitive substring."""
+    """Newest first; ``model`` and ``environment`` match a case-insensitive substring. Anonymous readers get each
+    error's last line without the traceback, absolute paths shortened."""
     rows, total = service.list_entries(session, category=category, role=role, model=model, environment=environment,
                                        run_id=run_id, limit=limit, offset=offset)
-    return EntriesPublic(data=[service.entry_public(session, e) for e in rows], total=total, limit=limit, offset=offset)
+    return EntriesPublic(data=[entry_for(reader, service.entry_public(session, e)) for e in rows], total=total,
+                         limit=limit, offset=offset)
 
 
 @router.post("/recheck", response_model=RecheckPublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
@@ -63,9 +75,9 @@ def recheck(session: SessionDep, principal: CurrentPrincipal, body: RecheckCreat
     return RecheckPublic(id=row.id, environment=row.environment, created_at=row.created_at, suggestions=suggestions)
 
 
-@router.get("/{entry_id:int}", response_model=EntryPublic, dependencies=Read)
-def get_entry(session: SessionDep, entry_id: EntryId) -> EntryPublic:
-    return service.entry_public(session, service.get_entry(session, entry_id=entry_id))
+@router.get("/{entry_id:int}", response_model=EntryPublic)
+def get_entry(session: SessionDep, reader: ReadAccess, entry_id: EntryId) -> EntryPublic:
+    return entry_for(reader, service.entry_public(session, service.get_entry(session, entry_id=entry_id)))
 
 
 @router.post("/{entry_id}/notes", response_model=NotePublic, status_code=status.HTTP_201_CREATED, dependencies=Write)
@@ -95,7 +107,7 @@ def _filters(request: Request) -> dict[str, str]:
 
 
 @pages.get("/troubleshooting")
-def log_page(request: Request, _: PageUser, session: SessionDep, page: int = 1) -> Response:
+def log_page(request: Request, reader: PageUser, session: SessionDep, page: int = 1) -> Response:
     chosen = _filters(request)
     run_id = int(chosen["run_id"]) if chosen["run_id"].isdigit() and int(chosen["run_id"]) <= INT32_MAX else None
     page = max(1, min(page, 1_000_000))
@@ -104,24 +116,26 @@ def log_page(request: Request, _: PageUser, session: SessionDep, page: int = 1) 
                                        run_id=run_id, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
     query = "&".join(f"{k}={v}" for k, v in chosen.items() if v)
     return render(request, "troubleshooting.html", {
-        **page_context(request), "entries": [service.entry_public(session, e) for e in rows], "total": total,
+        **page_context(request), "entries": [entry_for(reader, service.entry_public(session, e)) for e in rows],
+        "total": total,
         "page": page, "pages": max(1, -(-total // PAGE_SIZE)), "filters": chosen, "facets": service.facets(session),
         "query": query}, block="entries")
 
 
 @pages.get("/troubleshooting/{entry_id}")
-def entry_page(request: Request, entry_id: int, _: PageUser, session: SessionDep) -> Response:
-    entry = service.entry_public(session, service.get_entry(session, entry_id=entry_id))
+def entry_page(request: Request, entry_id: int, reader: PageUser, session: SessionDep) -> Response:
+    entry = entry_for(reader, service.entry_public(session, service.get_entry(session, entry_id=entry_id)))
     return render(request, "troubleshooting_entry.html", {**page_context(request), "entry": entry,
                                                            "note_max": NOTE_MAX}, block="notes")
 
 
 @pages.get("/runs/{run_id}/troubleshooting")
-def run_entries(request: Request, run_id: int, _: PageUser, session: SessionDep) -> Response:
+def run_entries(request: Request, run_id: int, reader: PageUser, session: SessionDep) -> Response:
     """The run's entries as the fragment the live run page includes (or loads with hx-get)."""
     rows, _total = service.list_entries(session, run_id=run_id, limit=200)
     return render(request, "_troubleshooting_entries.html", {
-        **page_context(request), "entries": [service.entry_public(session, e) for e in rows], "compact": True})
+        **page_context(request), "entries": [entry_for(reader, service.entry_public(session, e)) for e in rows],
+        "compact": True})
 
 
 @pages.post("/troubleshooting/{entry_id}/notes", dependencies=CSRF)

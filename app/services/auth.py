@@ -71,7 +71,7 @@ def current_principal(request: Request, session: Session, authenticators: list[A
     return ANONYMOUS
 
 
-def require_scope(principal: Principal, scope: Literal["read", "write"]) -> Principal:
+def require_scope(principal: Principal, scope: Literal["read", "write", "admin"]) -> Principal:
     if principal.can(scope):
         return principal
     if principal.kind == "anonymous":

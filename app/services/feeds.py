@@ -105,7 +105,7 @@ class RunFeed:
 
     def rendered(self, seq: int, name: str, render: Callable[[], str]) -> str:
         """``render()`` for what event ``seq`` shows as ``name``, made once for all the streams of the run: a
-        stream's view after events 1..seq is the same in every stream (``app.run_view.fold`` is pure), so
+        stream's view after events 1..seq is the same in every stream (``app.views.run_view.fold`` is pure), so
         what it renders from the view alone is too (not what depends on the viewer, e.g. a CSRF token)."""
         if not self.kept or seq < self.kept[0].seq:
             return render()

@@ -11,7 +11,9 @@ The supervisor (one thread per app process, started in the app's lifespan) repea
    was down) is started again (``restart``, below) while its ``attnboard.max_restarts`` allows; otherwise
    it is marked ``failed`` with the cause and an ``error`` event (``cancelled`` if a cancel was pending),
    so no run stays unfinished after its workers are gone.
-3. **schedule**: ``ray_launcher.schedule`` starts queued runs that fit.
+3. **trials**: ``trials.TrialPump`` stores each started trial's progress from its job in the engine host
+   (restarting or ending those whose host is gone, as for runs).
+4. **schedule**: ``ray_launcher.schedule`` starts queued runs and trials that fit (one queue).
 
 Restarts after a host death. The engine host owns the controllers and the ranks of its runs, so they all
 die with it; only the app outlives it, and only the database knows where each run stands. So the app
@@ -47,9 +49,11 @@ from sqlmodel import Session, col, select
 
 from app.errors import AppError
 from app.models import Event, EventCreate, EventKind, Run, RunStatus
+from app.services.common import max_restarts_of
 from app.services.events import append_events
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_launcher import ACTIVE, RayLauncher, controller_name, schedule
+from app.services.trials import TrialPump
 from worker.core.contract import TERMINAL
 
 log = logging.getLogger("attnboard.pump")
@@ -99,15 +103,6 @@ def gone_events(last_seq: int, *, name: str, why: str, cancel_requested: bool) -
         EventCreate(seq=last_seq + 2, kind=EventKind.status,
                     payload={"status": final.value, "state": final.value, "reason": message}),
     ]
-
-
-def max_restarts_of(spec: dict[str, Any]) -> int:
-    """``attnboard.max_restarts`` of a stored spec tree (its default when a spec stored before the key lacks it)."""
-    from worker.spec import AttnboardSection
-
-    value = (spec.get("attnboard") or {}).get("max_restarts") if isinstance(spec, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else \
-        AttnboardSection.model_fields["max_restarts"].default
 
 
 ATTENTION_SUMMARY_KEYS = ("requested", "effective", "observed", "status", "forced", "fallback", "rank", "node",
@@ -215,6 +210,7 @@ class Supervisor:
         self._handles: dict[int, Any] = {}
         self._pending: dict[int, tuple[Any, int]] = {}
         self._relaunch_failing_since: dict[int, float] = {}
+        self.trials = TrialPump(launcher)
 
     # ---- thread
 
@@ -271,6 +267,7 @@ class Supervisor:
             self._after_restart = False
             if changed:
                 self._notify()  # stored events reach the live pages now, not after scheduling
+            self.trials.tick(session)
             if schedule(session, self.launcher):
                 self._notify()
         return more

@@ -8,6 +8,10 @@ first. A run starts when its ranks fit (per rank the CPUs ``worker.core.resource
 1 GPU off CPU, as the controller asks Ray); otherwise it stays ``queued`` and ``status_reason`` says what it waits for.
 A run that needs more than the whole cluster does not hold up the runs behind it.
 
+Attention trials are on the same queue (``app.services.trials``): a queued trial needs what a run of its
+spec needs (its implementations run one after the other), waits in the order it was made among the
+runs, says what it waits for the same way, and holds its ranks until its job in the engine host ends.
+
 Resource accounting keeps the state in the database and Ray: free = min(cluster total - what our
 submitted, unfinished runs need, what Ray reports available + what the engine's idle warm ranks hold).
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +29,10 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from app.models import TERMINAL_STATUSES, Run, RunStatus
+from app.models_troubleshooting import TRIAL_TERMINAL, Trial, TrialStatus
 from app.services.launcher import LauncherUnavailable
 from app.services.ray_runtime import RayRuntime, RayUnavailable
+from app.services.trials import engine_request, job_name
 from worker.core.resources import Cluster, rank_cpus, run_resources
 
 log = logging.getLogger("attnboard.scheduler")
@@ -102,18 +108,39 @@ def free_resources(total: Mapping[str, float], available: Mapping[str, float],
 
 
 @dataclass(frozen=True)
+class Job:
+    """An entry of the app's one queue: a run or an attention trial (``Job("trial", 3)`` reads ``trial 3``)."""
+
+    kind: str  # "run" | "trial"
+    id: int
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id}"
+
+
+@dataclass(frozen=True)
 class Decision:
-    run_id: int
+    key: Hashable  # the queue entry: a run's id, or a ``Job``
     start: bool
     reason: str | None
 
+    @property
+    def run_id(self) -> Hashable:
+        return self.key
 
-def plan_queue(queue: list[tuple[int, Need]], free: Mapping[str, float], total: Mapping[str, float]) -> list[Decision]:
-    """FIFO: start runs while they fit; the first that does not fit blocks the ones behind it, except runs
-    that could never fit the whole cluster (those wait aside)."""
+
+def _run_label(key: Hashable) -> str:
+    return str(key) if isinstance(key, Job) else f"run {key}"
+
+
+def plan_queue(queue: list[tuple[Hashable, Need]], free: Mapping[str, float], total: Mapping[str, float],
+               label: Callable[[Hashable], str] = _run_label) -> list[Decision]:
+    """FIFO: start jobs (runs and trials) while they fit; the first that does not fit blocks the ones behind
+    it, except jobs that could never fit the whole cluster (those wait aside). ``label`` names a key in the
+    reasons (a bare key is a run's id)."""
     free = dict(free)
     decisions = []
-    blocker: int | None = None
+    blocker: Hashable | None = None
     for run_id, need in queue:
         if never_fits(need, total):
             reason = wait_reason(need, free, total)
@@ -125,7 +152,7 @@ def plan_queue(queue: list[tuple[int, Need]], free: Mapping[str, float], total: 
                 free[key] = free.get(key, 0.0) - amount
             decisions.append(Decision(run_id, True, None))
             continue
-        reason = wait_reason(need, free, total) or f"waiting behind run {blocker} (first in the queue)"
+        reason = wait_reason(need, free, total) or f"waiting behind {label(blocker)} (first in the queue)"
         if blocker is None:
             blocker = run_id
         decisions.append(Decision(run_id, False, reason))
@@ -280,10 +307,32 @@ class RayLauncher:
         return bool(ray.get(self.host().submit.remote(run.spec, str(run.id), self.model_roots,
                                                       **self.run_folders(run.id)), timeout=LAUNCH_TIMEOUT_S))
 
+    # ---- trials (jobs of the engine host, see app.services.trials)
+
+    def launch_trial(self, trial: Trial, *, done: list[dict[str, Any]] | None = None, attempt: int = 0) -> bool:
+        """Start the trial's job in the engine host (``done``, ``attempt``: again after its host died); False
+        when the host has it already."""
+        import ray
+
+        return bool(ray.get(self.host().submit_trial.remote(str(trial.id), engine_request(trial), self.model_roots,
+                                                            done=done, attempt=attempt), timeout=LAUNCH_TIMEOUT_S))
+
+    def kill_trial(self, trial_id: int) -> None:
+        """Stop the trial's job at once and drop it (a trial cancelled while it was being launched)."""
+        import ray
+
+        host = self.find_host()
+        if host is None:
+            return
+        try:
+            ray.get(host.kill_trial.remote(str(trial_id), "stopped by the app"), timeout=HOST_CALL_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("trial %s: could not stop it in the engine host: %s", trial_id, exc)
+
     def relaunch(self, run: Run, *, cause: str, attempt: int) -> None:
         """Start a run whose engine host died again, in this app's engine host (a new one when the old is
         gone): it resumes from its newest complete checkpoint and its events continue after ``last_seq``
-        (see ``worker.engine.controller.Continuation``). Raises when Ray or the host refuses."""
+        (see ``worker.engine.trainer.Continuation``). Raises when Ray or the host refuses."""
         import ray
 
         continuation = {"cause": cause, "attempt": attempt, "first_seq": run.last_seq + 1, "state": run.status,
@@ -297,28 +346,80 @@ class RayLauncher:
 # One scheduling pass (database + Ray)
 
 
+TRIAL_ACTIVE = [TrialStatus.queued.value, TrialStatus.running.value]
+
+
 def schedule(session: Session, launcher: RayLauncher) -> list[int]:
-    """Start the queued runs that fit, oldest first; record why the others wait. Returns the started ids."""
+    """Start the queued runs and trials that fit, in the order they were made (one ``plan_queue``); record
+    why the others wait. Returns the started runs' ids."""
     queued = session.exec(select(Run).where(Run.status == RunStatus.queued.value, col(Run.ray_job).is_(None))
                           .order_by(col(Run.id))).all()
-    if not queued:
+    trials = session.exec(select(Trial).where(Trial.status == TrialStatus.queued.value, col(Trial.engine_job).is_(None),
+                                              col(Trial.cancel_requested).is_(False)).order_by(col(Trial.id))).all()
+    if not queued and not trials:
         return []
     try:
         launcher.connect()
         total, available, nodes = launcher.cluster_resources()
     except LauncherUnavailable as exc:
         _set_reasons(session, {run.id: f"waiting for Ray: {exc}" for run in queued})
+        _set_trial_reasons(session, {trial.id: f"waiting for Ray: {exc}" for trial in trials})
         return []
     held_rows = session.exec(select(Run.spec).where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).all()
+    held_rows += session.exec(select(Trial.spec).where(col(Trial.status).in_(TRIAL_ACTIVE),
+                                                       col(Trial.engine_job).is_not(None))).all()
     free = free_resources(total, available, [Need.of_spec(spec, nodes) for spec in held_rows])
-    by_id = {run.id: run for run in queued}
-    decisions = plan_queue([(run.id, Need.of_spec(run.spec, nodes)) for run in queued], free, total)
+    jobs: dict[Job, Run | Trial] = {Job("run", run.id): run for run in queued}
+    jobs.update({Job("trial", trial.id): trial for trial in trials})
+    order = sorted(jobs, key=lambda job: (jobs[job].created_at, job.kind, job.id))
+    decisions = plan_queue([(job, Need.of_spec(jobs[job].spec, nodes)) for job in order], free, total, label=str)
     started = []
     for decision in decisions:
-        if decision.start and _start(session, launcher, by_id[decision.run_id]):
-            started.append(decision.run_id)
-    _set_reasons(session, {d.run_id: d.reason for d in decisions if not d.start and d.reason})
+        job = decision.key
+        assert isinstance(job, Job)
+        if decision.start and job.kind == "run" and _start(session, launcher, jobs[job]):
+            started.append(job.id)
+        elif decision.start and job.kind == "trial":
+            _start_trial(session, launcher, jobs[job])
+    waiting = [d for d in decisions if not d.start and d.reason]
+    _set_reasons(session, {d.key.id: d.reason for d in waiting if d.key.kind == "run"})
+    _set_trial_reasons(session, {d.key.id: d.reason for d in waiting if d.key.kind == "trial"})
     return started
+
+
+def _start_trial(session: Session, launcher: RayLauncher, trial: Trial) -> bool:
+    """Claim the trial (a conditional UPDATE, so a concurrent cancel wins), then start its job in the engine host."""
+    claimed = session.exec(update(Trial).where(col(Trial.id) == trial.id, Trial.status == TrialStatus.queued.value,  # type: ignore[call-overload]
+                                               col(Trial.engine_job).is_(None), col(Trial.cancel_requested).is_(False))
+                           .values(engine_job=job_name(trial.id), status_reason="submitted to the engine host; starting"))
+    session.commit()
+    if claimed.rowcount != 1:
+        return False
+    try:
+        if not launcher.launch_trial(trial):
+            log.info("trial %s: adopting it from the engine host", trial.id)
+            return True
+    except Exception as exc:
+        session.exec(update(Trial).where(col(Trial.id) == trial.id)  # type: ignore[call-overload]
+                     .values(engine_job=None, status_reason=f"could not start on Ray: {type(exc).__name__}: {exc}"))
+        session.commit()
+        return False
+    session.expire_all()
+    fresh = session.get(Trial, trial.id)
+    if fresh is None or fresh.status in TRIAL_TERMINAL:
+        launcher.kill_trial(trial.id)  # cancelled (or deleted) while it was being launched
+    log.info("trial %s: started in the engine host as %s", trial.id, job_name(trial.id))
+    return True
+
+
+def _set_trial_reasons(session: Session, reasons: dict[int, str]) -> None:
+    """As ``_set_reasons``, for trials still queued without a job."""
+    for trial_id, reason in reasons.items():
+        session.exec(update(Trial).where(col(Trial.id) == trial_id, Trial.status == TrialStatus.queued.value,  # type: ignore[call-overload]
+                                         col(Trial.engine_job).is_(None),
+                                         (col(Trial.status_reason).is_(None)) | (col(Trial.status_reason) != reason))
+                     .values(status_reason=reason))
+    session.commit()
 
 
 def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:

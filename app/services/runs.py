@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import AppError, not_found
 from app.models import NAME_MAX, TERMINAL_STATUSES, Run, RunCreate, RunStatus, utcnow
-from app.services.common import validated_spec
+from app.services.common import check_paths, validated_spec
 from app.services.launcher import Launcher, LauncherUnavailable
 from app.services.specs import get_spec
 from app.services.states import check_transition
@@ -86,6 +86,7 @@ def create_run(session: Session, *, data: RunCreate, launcher: Launcher | None =
 def _insert_run(session: Session, *, source: Any, name: str, spec_id: int | None, environment: Any,
                 retry_of: int | None, launcher: Launcher | None) -> Run:
     spec, tree, _ = validated_spec(source, launch=True)
+    check_paths(session, spec)
     run = Run(name=name, spec_id=spec_id, spec=tree, environment=environment, retry_of=retry_of,
               total_steps=spec.total_steps)
     session.add(run)
@@ -221,8 +222,11 @@ def cancel_run(session: Session, *, run_id: int, launcher: Launcher | None = Non
         raise AppError(409, "invalid_transition", f"run {run_id} is already {status.value}: only queued, starting "
                        f"or running runs can be cancelled", field="status", value=status.value,
                        valid=["queued", "starting", "running"])
-    if status == RunStatus.queued or launcher is None:
-        why = "cancelled before it started" if status == RunStatus.queued else "cancelled (no launcher attached)"
+    if status == RunStatus.queued or launcher is None or not run.ray_job:
+        # Never handed to compute (queued, no launcher, or no Ray job, e.g. a state no engine reported): nothing
+        # runs that could stop by itself, so the run ends here, whatever state it shows.
+        why = ("cancelled before it started" if status == RunStatus.queued else
+               "cancelled (no launcher attached)" if launcher is None else "cancelled (no job was started for it)")
         if launcher is not None and run.ray_job:
             launcher.cancel(run)
         set_status(run, RunStatus.cancelled, reason=why)

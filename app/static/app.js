@@ -5,6 +5,16 @@
 
   var PALETTE = ["#2f5bd3", "#d3542f", "#1b7f3b", "#8a3fd1", "#c28f00", "#0f8a8a", "#b3261e", "#5b6677"];
 
+  /* ---- a 422 answer to an htmx request is the form again, its problems shown beside the inputs
+     (an import that failed, an export of a form with errors), and a 401 the same form asking to sign in
+     (its text kept): swap them in like a 200. */
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    if (event.detail.xhr && (event.detail.xhr.status === 422 || event.detail.xhr.status === 401)) {
+      event.detail.shouldSwap = true;
+      event.detail.isError = false;
+    }
+  });
+
   /* ---- copy to clipboard: <button data-copy="#selector"> */
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-copy]");

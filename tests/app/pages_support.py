@@ -82,3 +82,58 @@ def _with_total(event: dict[str, Any], steps: int) -> dict[str, Any]:
     if event["kind"] == "status" and "total_steps" in payload:
         return {**event, "payload": {**payload, "total_steps": steps}}
     return event
+
+
+SEED_CRITIC_COMMAND = """python3 ppo_trainer.py \\
+    actor_rollout_ref.model.override_config.attn_implementation=eager \\
+    critic.model.override_config.attn_implementation=eager \\
+    [other parameters...]"""
+
+
+
+def preview_rows(html: str) -> dict[str, dict[str, str]]:
+    rows = {}
+    for tr in soup(html).select("#preview table.resolution tbody tr"):
+        rows[tr["data-role"]] = {
+            "requested": tr.select_one("td.requested").get_text(strip=True),
+            "effective": tr.select_one("td.effective").get_text(strip=True),
+            "badge": tr.select_one("td.status .badge").get_text(" ", strip=True).split()[-1],
+            "rules": " ".join(li["data-rule"] for li in tr.select("td.reasons li")),
+        }
+    return rows
+
+
+
+def form_data(html: str) -> dict[str, str]:
+    """What a browser would submit for the run form as rendered (last value wins, as the app reads it)."""
+    page = soup(html)
+    data: dict[str, str] = {}
+    for el in page.select("#run-form input, #run-form select, #run-form textarea"):
+        name = el.get("name")
+        if not name:
+            continue
+        if el.name == "textarea":
+            data[name] = el.get_text()
+        elif el.name == "select":
+            chosen = el.select_one("option[selected]") or el.select_one("option")
+            data[name] = chosen["value"] if chosen else ""
+        elif el.get("type") == "checkbox":
+            if el.has_attr("checked"):
+                data[name] = el["value"]
+        else:
+            data[name] = el.get("value", "")
+    return data
+
+
+
+def parse_sse(text: str) -> list[dict[str, str]]:
+    messages = []
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            key, _, value = line.partition(": ")
+            fields[key] = fields[key] + "\n" + value if key in fields and key == "data" else value
+        if "event" in fields:
+            messages.append(fields)
+    return messages
+

@@ -14,7 +14,8 @@ from app.services.tokens import create_token
 from tests.app.factories import make_run, tiny_spec
 
 OPEN_READS = {"/api/health"}  # answered even when reads need a token (load balancers, compose)
-ADMIN_READS = {"/api/tokens"}  # listing tokens always needs the write scope
+ADMIN_READS = {"/api/tokens"}  # listing tokens always needs the admin scope
+ENGINE_ONLY = {"/api/runs/{run_id}/events"}  # only the engine posts a run's events (its ingest credential)
 
 
 def _routes(client, methods: set[str]) -> list[tuple[str, str]]:
@@ -40,6 +41,10 @@ def test_every_mutating_route_requires_a_token(client, write_headers):
     assert len(routes) >= 10
     for method, path in routes:
         resp = client.request(method, _fill(path), json={})
+        if path in ENGINE_ONLY:
+            assert resp.status_code == 403 and resp.json()["error"]["code"] == "engine_only", (method, path, resp.text)
+            assert client.request(method, _fill(path), json=[], headers=write_headers).status_code == 403
+            continue
         assert resp.status_code == 401, (method, path, resp.text)
         assert resp.headers["www-authenticate"] == "Bearer"
         assert resp.json()["error"]["code"] == "unauthorized", (method, path)
@@ -51,7 +56,10 @@ def test_a_read_token_cannot_write(client, read_headers):
             continue  # compute-only: the read scope suffices
         resp = client.request(method, _fill(path), json={}, headers=read_headers)
         assert resp.status_code == 403, (method, path, resp.text)
-        assert resp.json()["error"]["message"] == "token 'test-read' lacks the write scope"
+        if path in ENGINE_ONLY:
+            continue
+        scope = "admin" if path.startswith("/api/tokens") else "write"
+        assert resp.json()["error"]["message"] == f"token 'test-read' lacks the {scope} scope"
 
 
 def test_reads_are_open_by_default_and_closed_by_the_setting(client, make_client, write_headers, read_headers):
@@ -84,8 +92,19 @@ def test_bad_tokens_are_401_even_on_open_reads(client, header, message):
     assert resp.json()["error"]["message"].startswith(message)
 
 
-def test_tokens_are_hashed_at_rest_and_shown_once(client, session, write_headers):
-    resp = client.post("/api/tokens", json={"name": "ci", "scopes": ["read"]}, headers=write_headers)
+def test_only_an_admin_token_mints_or_revokes_tokens(client, session, write_headers, admin_headers):
+    row, _ = create_token(session, name="other", scopes=["read", "write"])
+    for method, path in [("POST", "/api/tokens"), ("GET", "/api/tokens"), ("POST", f"/api/tokens/{row.id}/revoke")]:
+        resp = client.request(method, path, json={"name": "mine", "scopes": ["read", "write", "admin"]},
+                              headers=write_headers)
+        assert resp.status_code == 403 and resp.json()["error"]["valid"] == ["admin"], (method, path, resp.text)
+    session.refresh(row)
+    assert not row.revoked
+    assert client.post("/api/tokens", json={"name": "ci", "scopes": ["read"]}, headers=admin_headers).status_code == 201
+
+
+def test_tokens_are_hashed_at_rest_and_shown_once(client, session, admin_headers):
+    resp = client.post("/api/tokens", json={"name": "ci", "scopes": ["read"]}, headers=admin_headers)
     assert resp.status_code == 201
     body = resp.json()
     plaintext = body["token"]
@@ -93,7 +112,7 @@ def test_tokens_are_hashed_at_rest_and_shown_once(client, session, write_headers
     row = session.exec(select(ApiToken).where(ApiToken.name == "ci")).one()
     assert row.token_hash == hashlib.sha256(plaintext.encode()).hexdigest()
     assert plaintext not in str(row.model_dump())
-    listed = client.get("/api/tokens", headers=write_headers).json()
+    listed = client.get("/api/tokens", headers=admin_headers).json()
     assert all("token" not in t for t in listed) and {t["name"] for t in listed} >= {"ci"}
     # the new token reads, and last_used_at is recorded
     assert client.get("/api/runs", headers={"Authorization": f"Bearer {plaintext}"}).status_code == 200
@@ -101,11 +120,11 @@ def test_tokens_are_hashed_at_rest_and_shown_once(client, session, write_headers
     assert row.last_used_at is not None
 
 
-def test_revoked_tokens_stop_working(client, session, write_headers):
+def test_revoked_tokens_stop_working(client, session, admin_headers):
     row, plaintext = create_token(session, name="temp", scopes=["read", "write"])
     headers = {"Authorization": f"Bearer {plaintext}"}
     assert client.post("/api/specs", json={"name": "s", "spec": tiny_spec()}, headers=headers).status_code == 201
-    assert client.post(f"/api/tokens/{row.id}/revoke", headers=write_headers).json()["revoked"] is True
+    assert client.post(f"/api/tokens/{row.id}/revoke", headers=admin_headers).json()["revoked"] is True
     resp = client.post("/api/specs", json={"name": "s", "spec": tiny_spec()}, headers=headers)
     assert resp.status_code == 401 and resp.json()["error"]["message"] == "unknown or revoked token"
 

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
 from app.services.checkpoints import run_folder
-from tests.app.factories import make_run, status_event
+from tests.app.factories import engine_headers, make_run, status_event
 from tests.app.pages_support import csrf_of, login, soup
 from tests.utils.checkpoints import write_checkpoint
 from worker.engine import checkpoint
@@ -23,7 +24,7 @@ def root(settings):
 
 def _ended(client, headers, run_id: int, status: str = "failed") -> None:
     events = [status_event(1, "starting"), status_event(2, "running"), status_event(3, status, "rank 1 died")]
-    assert client.post(f"/api/runs/{run_id}/events", json=events, headers=headers).status_code == 200
+    assert client.post(f"/api/runs/{run_id}/events", json=events, headers=engine_headers(client, run_id)).status_code == 200
 
 
 def _folder(client, run_id: int, root):
@@ -33,14 +34,14 @@ def _folder(client, run_id: int, root):
     return run_folder(run, root)
 
 
-def test_checkpoints_are_listed_from_the_runs_folder(client, write_headers, root):
+def test_checkpoints_are_listed_from_the_runs_folder(client, write_headers, read_headers, root):
     run = make_run(client, write_headers, "ckpt", **{"trainer.save_freq": 2})
     folder = _folder(client, run["id"], root)
     assert folder == root / str(run["id"]) / "checkpoints" / "verl_examples" / "gsm8k"
     write_checkpoint(folder, 2, run_id=str(run["id"]))
     write_checkpoint(folder, 4, run_id=str(run["id"]), roles=("critic",))
     checkpoint.partial_folder(folder, 6, str(run["id"])).mkdir()
-    listed = client.get(f"/api/runs/{run['id']}/checkpoints").json()
+    listed = client.get(f"/api/runs/{run['id']}/checkpoints", headers=read_headers).json()
     assert listed["folder"] == str(folder)
     assert [(c["step"], c["roles"], c["resumable"], c["saved_at"]) for c in listed["data"]] == [
         (2, ["actor", "critic"], True, "2026-12-04T10:00:00+00:00"), (4, ["critic"], False, "2026-12-04T10:00:00+00:00")]
@@ -49,6 +50,11 @@ def test_checkpoints_are_listed_from_the_runs_folder(client, write_headers, root
     assert listed["skipped"] == [{"path": str(folder / f"global_step_6.partial-{run['id']}"),
                                   "why": "an unfinished write (no rename to its final name): interrupted"}]
     assert client.get("/api/runs/999999/checkpoints").status_code == 404
+    # anonymous readers get the same listing with paths relative to the checkpoint root (no absolute folders)
+    anonymous = client.get(f"/api/runs/{run['id']}/checkpoints").json()
+    assert anonymous["folder"] == str(folder.relative_to(root))
+    assert anonymous["data"][0]["path"] == str((folder / "global_step_2").relative_to(root))
+    assert str(root) not in json.dumps(anonymous)
 
 
 def test_resume_makes_a_new_run_from_the_newest_resumable_checkpoint(client, write_headers, read_headers, root):
@@ -125,8 +131,7 @@ def test_the_run_page_shows_the_restart_and_where_the_restarted_ranks_ran(client
 
 def test_the_stream_sends_the_restart_the_checkpoints_and_the_resume_offer(client, session, root):
     from app.models import Run
-    from tests.app.pages_support import engine_events, stored_run
-    from tests.app.test_pages import parse_sse
+    from tests.app.pages_support import engine_events, parse_sse, stored_run
 
     events = engine_events("succeeded")
     restart = {"message": "restart 1 of 2: rank 0 died; resuming from step 2", "cause": "rank 0 died", "rank": 0,

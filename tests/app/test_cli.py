@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.app.factories import HEADS_ERRORS, sp4_spec
+
 SEED = Path(__file__).resolve().parents[1] / "fixtures" / "seed"
 ATTNBOARD = [sys.executable, "-m", "app.cli"]
 
@@ -147,42 +149,51 @@ def test_migrate_then_token_create(tmp_path):
 
 
 def test_token_create_rejects_an_unknown_scope(tmp_path):
-    proc = run("token", "create", "x", "--scope", "admin", "--json", env={"ATTNBOARD_DATA_DIR": str(tmp_path)})
+    proc = run("token", "create", "x", "--scope", "root", "--json", env={"ATTNBOARD_DATA_DIR": str(tmp_path)})
     assert proc.returncode == 2
-    assert json.loads(proc.stdout)["error"]["valid"] == ["read", "write"]
+    assert json.loads(proc.stdout)["error"]["valid"] == ["read", "write", "admin"]
+
+
+def test_token_commands_find_the_served_database_and_name_it(tmp_path):
+    """Run from another folder, the token commands write where `attnboard serve` reads (never a fresh ./data), say
+    which database, and list and revoke tokens."""
+    served, elsewhere = tmp_path / "served", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    home = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "ATTNBOARD_DATA_DIR": "", "ATTNBOARD_DATABASE_URL": ""}
+    def cli_in(folder, *args, **env):
+        return subprocess.run([*ATTNBOARD, *args], capture_output=True, text=True, timeout=120, cwd=folder,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **home, **env})
+    refused = cli_in(elsewhere, "token", "create", "ci", "--json")
+    assert refused.returncode == 2 and json.loads(refused.stdout)["error"]["field"] == "ATTNBOARD_DATA_DIR"
+    assert not (elsewhere / "data" / "attnboard.db").exists()
+    assert cli_in(tmp_path, "migrate", ATTNBOARD_DATA_DIR=str(served / "data")).returncode == 0  # the server's start
+    from app.core.config import Settings, record_served
+
+    os.environ["XDG_CONFIG_HOME"] = home["XDG_CONFIG_HOME"]
+    try:
+        record_served(Settings(DATA_DIR=served / "data", DATABASE_URL=""))  # what `attnboard serve` notes
+    finally:
+        del os.environ["XDG_CONFIG_HOME"]
+    created = cli_in(elsewhere, "token", "create", "ci", "--scope", "admin", "--json")
+    assert created.returncode == 0, created.stderr
+    body = json.loads(created.stdout)
+    assert body["database"] == f"sqlite:///{(served / 'data' / 'attnboard.db').resolve()}"
+    assert body["scopes"] == ["admin", "read", "write"] and not (elsewhere / "data" / "attnboard.db").exists()
+    listed = json.loads(cli_in(elsewhere, "token", "list", "--json").stdout)
+    assert [(t["id"], t["name"], t["revoked"]) for t in listed["tokens"]] == [(body["id"], "ci", False)]
+    assert "token" not in listed["tokens"][0]
+    revoked = cli_in(elsewhere, "token", "revoke", str(body["id"]), "--json")
+    assert revoked.returncode == 0 and json.loads(revoked.stdout)["revoked"] is True
+    assert json.loads(cli_in(elsewhere, "token", "list", "--json").stdout)["tokens"][0]["revoked"] is True
+    missing = cli_in(elsewhere, "token", "revoke", "999", "--json")
+    assert missing.returncode == 2 and json.loads(missing.stdout)["error"]["field"] == "TOKEN_ID"
 
 
 # --------------------------------------------------------------------------------------------
 # resolve runs the checks of POST /api/resolve (one function: worker.attention.preview.preview)
 
-# Qwen2.5-0.5B's config.json: 14 attention heads, 2 key/value heads.
-QWEN2_05B_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936,
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16", "use_sliding_window": False, "hidden_act": "silu",
-}
-HEADS_ERRORS = [
-    "[actor] ulysses_sequence_parallel_size (4) must divide the model's num_attention_heads (14, Qwen2ForCausalLM)",
-    "[actor] ulysses_sequence_parallel_size (4) must divide the model's num_key_value_heads (2, Qwen2ForCausalLM)",
-]
-
-
-def _sp4_spec(tmp_path: Path) -> tuple[Path, dict]:
-    model = tmp_path / "models" / "qwen2-0.5b"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps(QWEN2_05B_CONFIG))
-    spec = {"actor_rollout_ref.model.path": str(model),
-            "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": 4,
-            "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
-            "algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 2,
-            "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
-            "trainer.n_gpus_per_node": 8}
-    return model, spec
-
-
 def test_resolve_sp4_on_a_14_head_2_kv_head_model_is_exit_2_naming_both(tmp_path):
-    _, spec = _sp4_spec(tmp_path)
+    _, spec = sp4_spec(tmp_path)
     spec_file = tmp_path / "sp4.json"
     spec_file.write_text(json.dumps(spec))
     proc = run("resolve", str(spec_file), "--env", "cuda-sm90-fa2", "--json")
@@ -196,16 +207,18 @@ def test_resolve_sp4_on_a_14_head_2_kv_head_model_is_exit_2_naming_both(tmp_path
 def test_resolve_over_http_reports_the_same_issues(tmp_path, make_client, session):
     from tests.conftest import _token_headers
 
-    model, spec = _sp4_spec(tmp_path)
+    model, spec = sp4_spec(tmp_path)
     client = make_client(MODEL_ROOTS=[model.parent])
     headers = _token_headers(session, ["read"])
     body = client.post("/api/resolve", json={"spec": spec, "environment": "cuda-sm90-fa2"}, headers=headers).json()
     assert [i["message"] for i in body["issues"] if i["severity"] == "error"] == HEADS_ERRORS
-    # outside the allowed roots the folder is not read: said, not guessed
+    # outside the allowed roots the folder is not read (said, not guessed) and a launch would refuse the path
     other = make_client()
     body = other.post("/api/resolve", json={"spec": spec, "environment": "cuda-sm90-fa2"}, headers=headers).json()
-    assert [i["severity"] for i in body["issues"]] == ["warning"]
-    assert "ATTNBOARD_MODEL_ROOTS" in body["issues"][0]["message"]
+    assert [(i["severity"], i["field"]) for i in body["issues"] if i["severity"] == "error"] == [
+        ("error", "spec.actor_rollout_ref.model.path")]
+    warnings = [i for i in body["issues"] if i["severity"] == "warning"]
+    assert len(warnings) == 1 and "ATTNBOARD_MODEL_ROOTS" in warnings[0]["message"]
 
 
 def test_resolve_sp3_on_8_gpus_is_exit_2(tmp_path):
@@ -221,3 +234,61 @@ def test_import_of_a_launch_script_lists_the_pass_through(tmp_path):
     data = json.loads(run("import", str(script), "--json").stdout)
     assert data["spec"]["verl_passthrough"]["+reward_model.reward_kwargs.overlong_buffer_cfg.len"] == 4096
     assert data["verl_passthrough"] == data["spec"]["verl_passthrough"]
+
+
+def test_resolve_confine_checks_paths_as_the_server_does(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("data:\n  train_files: /etc/shadow\nactor_rollout_ref:\n  model:\n    path: builtin:tiny-llama\n"
+                    "critic:\n  model:\n    path: builtin:tiny-llama\ntrainer:\n  device: cpu\n  n_gpus_per_node: 1\n")
+    env = {"ATTNBOARD_DATA_DIR": str(tmp_path / "data")}
+    plain = run("resolve", str(spec), "--json", env=env)
+    assert "data.train_files" not in [i["field"] for i in json.loads(plain.stdout)["issues"] if i["severity"] == "error"]
+    confined = run("resolve", str(spec), "--confine", "--json", env=env)
+    assert confined.returncode == 2
+    assert "data.train_files" in [i["field"] for i in json.loads(confined.stdout)["issues"]]
+
+
+VEOMNI_SCRIPT = """#!/usr/bin/env bash
+set -xeuo pipefail
+python3 -m verl.trainer.main_ppo \\
+    model_engine=veomni \\
+    algorithm.adv_estimator=gae \\
+    actor_rollout_ref.model.path=builtin:tiny-qwen2 \\
+    critic.model.path=builtin:tiny-qwen2 \\
+    actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2 \\
+    critic.veomni.attn_implementation=sdpa \\
+    actor_rollout_ref.rollout.name=vllm
+"""
+
+
+def test_resolve_a_veomni_script_shows_verls_rename_and_the_critics_own_key(tmp_path):
+    """model_engine=veomni: VeOmni renames flash_attention_2 for actor and reference (which inherits the actor's
+    key) and honours the critic's own critic.veomni.attn_implementation; the table and the JSON say so."""
+    script = tmp_path / "run_qwen_veomni.sh"
+    script.write_text(VEOMNI_SCRIPT)
+    proc = run("resolve", str(script), "--env", "cuda-sm90-fa2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["model_engine"] == "veomni"
+    engine = {name: role["verl_engine"] for name, role in data["roles"].items() if role["verl_engine"]}
+    assert {name: (e["key"], e["requested"], e["source"], e["effective"]) for name, e in engine.items()} == {
+        "actor": ("actor_rollout_ref.actor.veomni.attn_implementation", "flash_attention_2", "set",
+                  "veomni_flash_attention_2_with_sp"),
+        "reference": ("actor_rollout_ref.ref.veomni.attn_implementation", "flash_attention_2", "inherited",
+                      "veomni_flash_attention_2_with_sp"),
+        "critic": ("critic.veomni.attn_implementation", "sdpa", "set", "sdpa"),
+    }
+    assert "verl-engine-rewrite" in [r["rule"] for r in engine["actor"]["reasons"]]
+    assert "verl-critic-honoured" in [r["rule"] for r in engine["critic"]["reasons"]]
+
+    table = run("resolve", str(script), "--env", "cuda-sm90-fa2")
+    assert table.returncode == 0, table.stderr
+    rows = {line.strip("│┃ ").split()[0]: line for line in table.stdout.splitlines() if "│" in line}
+    assert rows["actor"].rstrip(" │").endswith("veomni_flash_attention_2_with_sp")
+    assert rows["critic"].rstrip(" │").endswith("sdpa")
+    assert ("under verl (model_engine=veomni): actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2 "
+            "(set) -> veomni_flash_attention_2_with_sp") in table.stdout
+    assert ("[verl-engine-rewrite] VeOmniEngineConfig.__post_init__ renames flash_attention_2 to "
+            "veomni_flash_attention_2_with_sp") in table.stdout
+    assert ("under verl (model_engine=veomni): critic.veomni.attn_implementation=sdpa (set) -> sdpa"
+            in table.stdout)

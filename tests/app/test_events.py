@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from sqlmodel import Session, select
 
 from app.errors import AppError
-from app.models import Event, EventCreate, Run
-from app.services.events import append_events, events_since
-from tests.app.factories import log_event, make_run, status_event, tiny_spec
+from app.models import Event, EventConflict, EventCreate, Run
+from app.services.events import INGEST_HEADER, append_events, conflict_count, events_since
+from tests.app.factories import engine_headers, log_event, make_run, status_event, tiny_spec
 
 
 def _ev(seq: int, kind: str = "log", **payload) -> EventCreate:
@@ -33,10 +33,10 @@ def _seqs(session: Session, run_id: int) -> list[int]:
 def test_duplicates_are_ignored(session):
     run_id = _new_run(session)
     assert append_events(session, run_id=run_id, events=[_ev(1), _ev(2)]).model_dump() == \
-        {"inserted": 2, "duplicates": 0, "last_seq": 2}
+        {"inserted": 2, "duplicates": 0, "conflicts": 0, "last_seq": 2}
     # a resend overlapping what is stored, in any order, stores only the new ones
     assert append_events(session, run_id=run_id, events=[_ev(3), _ev(2), _ev(1), _ev(3)]).model_dump() == \
-        {"inserted": 1, "duplicates": 3, "last_seq": 3}
+        {"inserted": 1, "duplicates": 3, "conflicts": 0, "last_seq": 3}
     assert _seqs(session, run_id) == [1, 2, 3]
 
 
@@ -128,12 +128,37 @@ def test_any_resend_pattern_stores_each_seq_once_without_gaps(session, windows):
     assert _seqs(session, run_id) == list(range(1, last + 1))
 
 
+def test_a_seq_collision_with_another_payload_is_kept_counted_and_logged(session, caplog):
+    run_id = _new_run(session)
+    append_events(session, run_id=run_id, events=[_ev(1), _ev(2, "metric", step=1, values={"loss": 1.0})])
+    forged = [_ev(2, "status", status="succeeded"), _ev(1), _ev(3), _ev(3, "log", text="other")]
+    result = append_events(session, run_id=run_id, events=forged)
+    assert result.model_dump() == {"inserted": 1, "duplicates": 1, "conflicts": 2, "last_seq": 3}
+    assert conflict_count(session, run_id=run_id) == 2
+    rows = session.exec(select(EventConflict).where(EventConflict.run_id == run_id).order_by(EventConflict.seq)).all()
+    assert [(r.seq, r.kind, r.stored_kind) for r in rows] == [(2, "status", "metric"), (3, "log", "log")]
+    assert session.get(Run, run_id).status == "queued"  # the stored event stays what the run shows
+    assert sum("kept in event_conflict" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_only_the_engine_posts_events(client, session, write_headers):
+    run = make_run(client, write_headers)
+    path = f"/api/runs/{run['id']}/events"
+    for headers in ({}, write_headers, {INGEST_HEADER: "0" * 64}, engine_headers(client, run["id"] + 1)):
+        resp = client.post(path, json=[status_event(1, "succeeded")], headers=headers)
+        assert resp.status_code == 403 and resp.json()["error"]["field"] == INGEST_HEADER, resp.text
+    assert client.get(f"/api/runs/{run['id']}").json()["status"] == "queued"
+
+
 def test_api_ingest_and_read_back(client, write_headers):
     run = make_run(client, write_headers)
     path = f"/api/runs/{run['id']}/events"
+    headers = engine_headers(client, run["id"])
     batch = [status_event(1, "starting"), status_event(2, "running"), log_event(3)]
-    assert client.post(path, json=batch, headers=write_headers).json() == {"inserted": 3, "duplicates": 0, "last_seq": 3}
-    assert client.post(path, json=batch, headers=write_headers).json() == {"inserted": 0, "duplicates": 3, "last_seq": 3}
+    assert client.post(path, json=batch, headers=headers).json() == \
+        {"inserted": 3, "duplicates": 0, "conflicts": 0, "last_seq": 3}
+    assert client.post(path, json=batch, headers=headers).json() == \
+        {"inserted": 0, "duplicates": 3, "conflicts": 0, "last_seq": 3}
     page = client.get(path, params={"after": 1, "limit": 1}).json()
     assert [e["seq"] for e in page["data"]] == [2] and page["next_after"] == 2 and page["last_seq"] == 3
     assert page["data"][0]["payload"] == {"status": "running"} and page["data"][0]["kind"] == "status"

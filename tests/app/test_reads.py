@@ -23,7 +23,7 @@ from app.models import (
 from app.services.events import append_events, events_since
 from app.services.runs import list_runs
 from app.services.tokens import create_token
-from tests.app.factories import make_run, tiny_spec
+from tests.app.factories import engine_headers, make_run, tiny_spec
 
 AWKWARD = 'quote " backslash \\ newline \n tab \t NUL-free \u2028 é 😀 </script>'
 
@@ -49,7 +49,7 @@ def varied_runs(session: Session, client, write_headers) -> list[int]:
     api_run = make_run(client, write_headers, name=AWKWARD)
     retried = client.post(f"/api/runs/{api_run['id']}/retry", json={"patch": {"trainer.total_training_steps": 5}},
                           headers=write_headers).json()
-    client.post(f"/api/runs/{api_run['id']}/events", headers=write_headers, json=[
+    client.post(f"/api/runs/{api_run['id']}/events", headers=engine_headers(client, api_run["id"]), json=[
         {"seq": 1, "kind": "status", "payload": {"status": "running", "reason": AWKWARD}},
         {"seq": 2, "kind": "attention", "payload": {"role": "actor", "effective": "sdpa", "note": AWKWARD}},
         {"seq": 3, "kind": "metric", "payload": {"step": 7, "values": {"actor/pg_loss": 1e-05, "big": 1e300}}},
@@ -142,14 +142,14 @@ def test_the_openapi_schema_still_names_the_response_models(client):
         assert schema == {"$ref": f"#/components/schemas/{model}"}, path
 
 
-def test_a_presented_token_is_checked_on_every_read(client, session, write_headers):
+def test_a_presented_token_is_checked_on_every_read(client, session, write_headers, admin_headers):
     run_id = make_run(client, write_headers)["id"]
     row, plaintext = create_token(session, name="reader", scopes=["read"])
     headers = {"Authorization": f"Bearer {plaintext}"}
     paths = ["/api/runs", f"/api/runs/{run_id}", f"/api/runs/{run_id}/events"]
     assert [client.get(p, headers=headers).status_code for p in paths] == [200, 200, 200]
     assert [client.get(p).status_code for p in paths] == [200, 200, 200]  # anonymous reads are open by default
-    assert client.post(f"/api/tokens/{row.id}/revoke", headers=write_headers).status_code == 200
+    assert client.post(f"/api/tokens/{row.id}/revoke", headers=admin_headers).status_code == 200
     for path in paths:
         resp = client.get(path, headers=headers)
         assert resp.status_code == 401 and resp.json()["error"]["message"] == "unknown or revoked token", path

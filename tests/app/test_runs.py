@@ -3,15 +3,16 @@ pagination, cancel with and without a launcher, retry with a patch, clone, expor
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from tests.app.factories import RecordingLauncher, make_run, status_event, tiny_spec
+from tests.app.factories import RecordingLauncher, engine_headers, make_run, status_event, tiny_spec
 
 
 def _events(client, headers, run_id, *events):
-    resp = client.post(f"/api/runs/{run_id}/events", json=list(events), headers=headers)
+    resp = client.post(f"/api/runs/{run_id}/events", json=list(events), headers=engine_headers(client, run_id))
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -97,6 +98,19 @@ def test_cancel_running_with_launcher_waits_for_the_worker(client, api, write_he
     assert (done["status"], done["cancel_requested"], done["status_reason"]) == ("cancelled", False, "stopped by user")
 
 
+def test_cancel_ends_a_run_in_every_non_terminal_state(client, api, write_headers):
+    """A run that shows starting or running without a job (never handed to compute) cannot wait for workers to
+    stop: cancel ends it at once, even with a launcher attached."""
+    for shown in ("starting", "running"):
+        api.state.launcher = RecordingLauncher(fail=True)
+        run_id = client.post("/api/runs", json={"name": "x", "spec": tiny_spec()}, headers=write_headers).json()["error"]["value"]
+        events = [status_event(1, "starting")] + ([status_event(2, "running")] if shown == "running" else [])
+        _events(client, write_headers, run_id, *events)
+        api.state.launcher = RecordingLauncher()
+        body = client.post(f"/api/runs/{run_id}/cancel", headers=write_headers).json()
+        assert (body["status"], body["status_reason"]) == ("cancelled", "cancelled (no job was started for it)"), shown
+
+
 def test_unreachable_launcher_keeps_the_run_queued(client, api, write_headers):
     api.state.launcher = RecordingLauncher(fail=True)
     resp = client.post("/api/runs", json={"name": "later", "spec": tiny_spec()}, headers=write_headers)
@@ -147,3 +161,48 @@ def test_run_export(client, write_headers, fmt):
     run = make_run(client, write_headers)
     body = client.get(f"/api/runs/{run['id']}/export", params={"format": fmt}).json()
     assert body["format"] == fmt and "builtin:tiny-llama" in body["text"]
+
+
+@pytest.mark.parametrize("key,value", [
+    ("data.train_files", "/etc/shadow"),
+    ("data.train_files", "/proc/self/environ"),
+    ("data.train_files", "../../../../etc/passwd"),
+    ("actor_rollout_ref.model.path", "/etc"),
+    ("trainer.default_local_dir", "../7/checkpoints"),
+    ("trainer.default_local_dir", "/tmp/anywhere"),
+])
+def test_paths_outside_the_allowed_folders_are_refused_at_submit(client, write_headers, key, value):
+    """POST /api/runs and /api/resolve name the key; nothing is stored; a missing and an existing file outside
+    the roots read the same (no existence oracle)."""
+    before = client.get("/api/runs").json()["total"]
+    resp = client.post("/api/runs", json={"spec": tiny_spec(**{key: value})}, headers=write_headers)
+    assert resp.status_code == 422 and resp.json()["error"]["field"] == f"spec.{key}", resp.text
+    assert client.get("/api/runs").json()["total"] == before
+    resolved = client.post("/api/resolve", json={"spec": tiny_spec(**{key: value})}, headers=write_headers).json()
+    assert f"spec.{key}" in [i["field"] for i in resolved["issues"] if i["severity"] == "error"]
+
+
+def test_no_existence_oracle_at_submit(client, write_headers, tmp_path):
+    present = tmp_path / "train.parquet"
+    present.write_bytes(b"PAR1 not for you")
+    answers = []
+    for path in (present, tmp_path / "absent.parquet"):
+        error = client.post("/api/runs", json={"spec": tiny_spec(**{"data.train_files": str(path)})},
+                            headers=write_headers).json()["error"]
+        answers.append(json.dumps(error).replace(str(path), "PATH"))
+        assert "not for you" not in answers[-1]
+    assert answers[0] == answers[1]
+
+
+def test_a_data_file_inside_the_data_roots_is_accepted(make_client, session, tmp_path):
+    from tests.conftest import _token_headers
+
+    (tmp_path / "files").mkdir()
+    client = make_client(DATA_ROOTS=str(tmp_path / "files"))
+    headers = _token_headers(session, ["read", "write"])
+    inside_spec = tiny_spec(**{"data.train_files": str(tmp_path / "files" / "t.parquet")})
+    inside = client.post("/api/runs", json={"spec": inside_spec}, headers=headers)
+    assert inside.status_code == 201, inside.text
+    outside = client.post("/api/runs", json={"spec": tiny_spec(**{"data.train_files": str(tmp_path / "t.parquet")})},
+                          headers=headers)
+    assert outside.status_code == 422 and outside.json()["error"]["valid"].endswith(f"({tmp_path / 'files'})")

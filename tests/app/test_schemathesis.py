@@ -50,8 +50,8 @@ from schemathesis.specs.openapi.checks import (
     unsupported_method,
 )
 
+from app.deps import get_trial_starter
 from app.models_troubleshooting import TrialCreate
-from app.routes.trials import get_trial_starter
 from app.services import trials as trials_service
 from tests.app.error_shape import assert_error_shape
 from tests.app.factories import RecordingLauncher, tiny_spec

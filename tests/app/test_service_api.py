@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from app.services.ray_runtime import free_port
-from tests.app.factories import status_event
+from tests.app.factories import engine_headers, status_event
 from tests.app.service_support import tiny_run_spec
 
 
@@ -57,7 +57,8 @@ def _create(client, write_headers, name: str = "ci") -> int:
 
 def test_wait_answers_at_once_for_a_finished_run_with_attention_per_role(client, write_headers):
     run_id = _create(client, write_headers)
-    assert client.post(f"/api/runs/{run_id}/events", json=FINISH["succeeded"], headers=write_headers).status_code == 200
+    posted = client.post(f"/api/runs/{run_id}/events", json=FINISH["succeeded"], headers=engine_headers(client, run_id))
+    assert posted.status_code == 200
     t0 = time.monotonic()
     body = client.get(f"/api/runs/{run_id}/wait", params={"timeout": 60}).json()
     assert time.monotonic() - t0 < 5
@@ -89,10 +90,11 @@ def test_wait_on_a_missing_run_is_404(client):
     assert client.get("/api/runs/999999/wait", params={"timeout": 1}).status_code == 404
 
 
-def test_wait_returns_soon_after_the_run_finishes(server, write_headers):
+def test_wait_returns_soon_after_the_run_finishes(server, api, write_headers):
     with httpx.Client(base_url=server, headers=write_headers, timeout=60) as http:
         run_id = http.post("/api/runs", json={"name": "ci", "spec": tiny_run_spec()}).json()["id"]
-        threading.Timer(0.5, lambda: http.post(f"/api/runs/{run_id}/events", json=FINISH["failed"])).start()
+        threading.Timer(0.5, lambda: http.post(f"/api/runs/{run_id}/events", json=FINISH["failed"],
+                                                                  headers=engine_headers(api, run_id))).start()
         t0 = time.monotonic()
         body = http.get(f"/api/runs/{run_id}/wait", params={"timeout": 60}).json()
     assert body["run"]["status"] == "failed" and body["timed_out"] is False
@@ -132,7 +134,7 @@ def _run_cli(args: list[str], box: dict) -> None:
 
 
 @pytest.mark.parametrize("outcome,code", [("succeeded", 0), ("failed", 1), ("cancelled", 3)])
-def test_submit_wait_exit_code_tells_the_outcome(server, write_headers, spec_file, outcome, code):
+def test_submit_wait_exit_code_tells_the_outcome(server, api, write_headers, spec_file, outcome, code):
     name = f"cli-{outcome}"
     box: dict = {}
     cli_thread = threading.Thread(target=_run_cli, args=(["submit", str(spec_file), "--server", server, "--token",
@@ -148,7 +150,8 @@ def test_submit_wait_exit_code_tells_the_outcome(server, write_headers, spec_fil
         if outcome == "cancelled":
             assert http.post(f"/api/runs/{run_id}/cancel").status_code == 200
         else:
-            assert http.post(f"/api/runs/{run_id}/events", json=FINISH[outcome]).status_code == 200
+            posted = http.post(f"/api/runs/{run_id}/events", json=FINISH[outcome], headers=engine_headers(api, run_id))
+            assert posted.status_code == 200
     cli_thread.join(120)
     result = box["result"]
     assert result.exit_code == code, result.output

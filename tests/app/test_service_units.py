@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from app.models import EventKind, storable_problem
 from app.services.pump import RunChanges, attention_summary, gone_events, max_restarts_of, storable, to_event_create
-from app.services.ray_launcher import Need, free_resources, never_fits, plan_queue, wait_reason
+from app.services.ray_launcher import Job, Need, free_resources, never_fits, plan_queue, wait_reason
 from app.services.ray_runtime import HeadRecord, head_command, is_loopback, ray_token_available, split_address
 from worker.core.resources import Cluster, rank_cpus
 
@@ -302,3 +302,15 @@ def test_each_database_gets_its_own_engine_host(tmp_path, monkeypatch):
     assert all(name.startswith("attnboard-engine-") for name in (relative, other_file, postgres))
     assert database_identity("postgresql+psycopg://u:one@h:5432/d") == database_identity("postgresql+psycopg://u:two@h:5432/d")
     assert "one" not in database_identity("postgresql+psycopg://u:one@h:5432/d")
+
+
+def test_runs_and_trials_share_one_queue_in_the_order_they_were_made():
+    """A trial is a job of the same queue: it waits behind a run that holds the CPUs, and says for what."""
+    run, trial, later = Job("run", 1), Job("trial", 1), Job("run", 2)
+    plan = plan_queue([(run, Need({"CPU": 2})), (trial, Need({"CPU": 2})), (later, Need({"CPU": 1}))],
+                      {"CPU": 3}, {"CPU": 3}, label=str)
+    assert [(str(d.key), d.start) for d in plan] == [("run 1", True), ("trial 1", False), ("run 2", False)]
+    assert plan[1].reason == "waiting for 2 CPU (1 free of 3)"
+    assert plan[2].reason == "waiting behind trial 1 (first in the queue)"  # it would fit: FIFO keeps it waiting
+    # A trial first in line starts like a run would.
+    assert [d.start for d in plan_queue([(trial, Need({"CPU": 2}))], {"CPU": 2}, {"CPU": 2}, label=str)] == [True]

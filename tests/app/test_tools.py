@@ -49,8 +49,12 @@ def test_resolve_tells_the_rollout_engine_apart(client, read_headers, rollout_na
 def test_resolve_reports_cross_field_issues(client, read_headers):
     spec = {"data.train_batch_size": 10, "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "trainer.n_gpus_per_node": 1}
     body = client.post("/api/resolve", json={"spec": spec, "environment": "cpu"}, headers=read_headers).json()
-    # (the warnings say the model folder was not read: not inside ATTNBOARD_MODEL_ROOTS)
-    assert [(i["field"], i["message"]) for i in body["issues"] if i["severity"] == "error"] == [
+    # (the warnings say the model folder was not read: not inside ATTNBOARD_MODEL_ROOTS; the paths of verl's
+    # defaults lie outside every allowed folder, as POST /api/runs would refuse them)
+    assert [(i["field"], i["message"].split(" is outside")[0]) for i in body["issues"] if i["severity"] == "error"] == [
+        ("spec.actor_rollout_ref.model.path", "actor_rollout_ref.model.path '~/models/deepseek-llm-7b-chat'"),
+        ("spec.critic.model.path", "critic.model.path '~/models/deepseek-llm-7b-chat'"),
+        ("spec.data.train_files", "data.train_files '~/data/rlhf/gsm8k/train.parquet'"),
         ("spec.actor_rollout_ref.actor.ppo_mini_batch_size",
          "[actor] data.train_batch_size (10) must be divisible by ppo_mini_batch_size (4)")]
 

@@ -3,17 +3,23 @@ sdpa on the tiny model, through Ray), stored results compared side by side, the 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlmodel import Session
 
+from app.deps import get_trial_starter
 from app.models_troubleshooting import Trial, TrialCreate, TrialStatus
-from app.routes.trials import get_trial_starter
 from app.services import trials as trials_service
+from app.services.ray_runtime import HEAD_RECORD, HeadRecord, pid_alive, stop_head
 from tests.app.factories import tiny_spec
 from tests.app.pages_support import csrf_of, login, soup
+from tests.app.service_support import AppProcess, app_env, ray_env, ray_query, token_headers
 from worker.core.environment import PROFILES
 from worker.engine.trial import Column, StepFigures, TrialResult, recommend
 
@@ -101,7 +107,8 @@ def test_the_run_form_starts_a_trial(api, client, session):
     data.update({sel["name"]: (sel.select_one("option[selected]") or sel.select_one("option"))["value"]
                  for sel in form.select("#run-form select[name]")})
     data.update({"csrf_token": csrf, "trial_steps": "2", "name": "form trial"})
-    resp = client.post("/trials/from-form", data=data, follow_redirects=False)
+    ticked = [el["value"] for el in form.select("#run-form input[name='trial_implementations'][checked]")]
+    resp = client.post("/trials/from-form", data={**data, "trial_implementations": ticked}, follow_redirects=False)
     assert resp.status_code == 303, resp.text
     trial = client.get(f"/api/trials/{started[0]}").json()
     assert resp.headers["location"] == f"/trials/{trial['id']}"
@@ -109,6 +116,12 @@ def test_the_run_form_starts_a_trial(api, client, session):
     assert trial["implementations"] == ["flash_attention_2", "sdpa", "eager"]
     bad = client.post("/trials/from-form", data={**data, "trial_steps": "0"}, follow_redirects=False)
     assert bad.status_code == 422
+    none = client.post("/trials/from-form", data=data, follow_redirects=False)  # every implementation unticked
+    assert none.status_code == 422 and "trial_implementations: none ticked" in none.text
+    two = client.post("/trials/from-form", data={**data, "trial_implementations": ["sdpa", "eager"]},
+                      follow_redirects=False)
+    assert two.status_code == 303 and client.get(f"/api/trials/{started[-1]}").json()["implementations"] == ["sdpa",
+                                                                                                           "eager"]
     assert csrf_of(client.get(f"/trials/{trial['id']}").text) == csrf
 
 
@@ -116,21 +129,121 @@ def test_the_run_form_starts_a_trial(api, client, session):
 # A real trial through the API
 
 
+def test_a_queued_trial_is_cancelled_at_once_and_an_ended_one_cannot_be(client, write_headers):
+    trial = client.post("/api/trials", json={"spec": TRIAL_SPEC, "implementations": ["eager"]}, headers=write_headers)
+    assert trial.status_code == 202 and trial.json()["status_reason"] == trials_service.QUEUED
+    trial_id = trial.json()["id"]
+    resp = client.post(f"/api/trials/{trial_id}/cancel", headers=write_headers)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert (body["status"], body["status_reason"], body["cancel_requested"]) == ("cancelled", "cancelled before it "
+                                                                                 "started", True)
+    again = client.post(f"/api/trials/{trial_id}/cancel", headers=write_headers)
+    assert again.status_code == 409
+    error = again.json()["error"]
+    assert (error["field"], error["value"]) == ("status", "cancelled") and "only queued or running" in error["message"]
+    assert client.post("/api/trials/999999/cancel", headers=write_headers).status_code == 404
+
+
+def test_the_trial_page_says_what_it_waits_for_and_cancels(client, session):
+    csrf = login(client, session, ["read", "write"])
+    trial = trials_service.create_trial(session, data=TrialCreate(spec=TRIAL_SPEC), author="t")
+    trial.status_reason = "waiting for 2 CPU (0 free of 2)"
+    session.add(trial)
+    session.commit()
+    page = soup(client.get(f"/trials/{trial.id}").text)
+    assert page.select_one(".trial-status-reason").text == "waiting for 2 CPU (0 free of 2)"
+    form = page.select_one(f"form[action='/trials/{trial.id}/cancel']")
+    assert form.select_one("#cancel-trial") is not None
+    listed = soup(client.get("/trials").text).select_one(f"tr[data-trial='{trial.id}'] .status-reason")
+    assert listed.text == "waiting for 2 CPU (0 free of 2)"
+    resp = client.post(f"/trials/{trial.id}/cancel", data={"csrf_token": csrf}, follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"] == f"/trials/{trial.id}"
+    after = soup(client.get(f"/trials/{trial.id}").text)
+    assert after.select_one("#result")["data-status"] == "cancelled" and after.select_one("#cancel-trial") is None
+
+
+def _progress(state: str, reason: str, **extra: Any) -> dict[str, Any]:
+    return {"state": state, "reason": reason, "result": None, "error": None, "terminal": state in
+            ("succeeded", "failed", "cancelled"), **extra}
+
+
+@pytest.mark.parametrize("steps,expected", [
+    ([_progress("queued", "submitted to the engine host")], ("queued", "submitted to the engine host", False, False)),
+    ([_progress("running", "measuring sdpa (1 of 2, 2 steps)")], ("running", "measuring sdpa (1 of 2, 2 steps)", True,
+                                                                   False)),
+    ([_progress("running", "x"), _progress("failed", "no implementation completed the trial (sdpa failed: boom)",
+                                           error="no implementation completed the trial (sdpa failed: boom)")],
+     ("failed", "no implementation completed the trial (sdpa failed: boom)", True, True)),
+    ([_progress("cancelled", "cancelled by the user")], ("cancelled", "cancelled by the user", True, True)),
+])
+def test_a_jobs_progress_is_written_into_the_trial_row(steps, expected):
+    trial = Trial(name="t", spec=TRIAL_SPEC, implementations=["sdpa", "eager"], steps=2, author="t")
+    for progress in steps:
+        assert trials_service.apply_progress(trial, progress)
+    assert (trial.status, trial.status_reason, trial.started_at is not None, trial.finished_at is not None) == expected
+    assert trial.error == steps[-1].get("error")
+    assert not trials_service.apply_progress(trial, steps[-1])  # the same progress again changes nothing
+
+
+def test_a_pending_cancel_keeps_saying_so_until_the_job_ends():
+    trial = Trial(name="t", spec=TRIAL_SPEC, implementations=["sdpa"], steps=2, author="t", cancel_requested=True,
+                  status_reason=trials_service.CANCELLING)
+    assert trials_service.apply_progress(trial, _progress("running", "measuring sdpa (1 of 1, 2 steps)"))
+    assert (trial.status, trial.status_reason) == ("running", trials_service.CANCELLING)
+    assert trials_service.apply_progress(trial, _progress("cancelled", "cancelled by the user"))
+    assert (trial.status, trial.status_reason) == ("cancelled", "cancelled by the user")
+
+
+def torch_in_process(pid: int) -> list[str]:
+    """The torch libraries mapped into a live process (``/proc/<pid>/maps``): empty when it never imported
+    torch (an import maps ``libtorch*.so`` and ``torch/_C*.so`` and cannot unmap them)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return sorted({line.split()[-1] for line in maps.splitlines() if "libtorch" in line or "/torch/_C" in line})
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    """The real app (``attnboard serve``) on the embedded default: its own Ray head with 2 CPUs, one warm rank."""
+    data = tmp_path_factory.mktemp("served-trials")
+    db_url = f"sqlite:///{data / 'attnboard.db'}"
+    app = AppProcess(app_env(ray_env(None), data_dir=data / "data", database_url=db_url, num_cpus=2),
+                     log=data / "app.log").start()
+    try:
+        with httpx.Client(base_url=app.url, headers=token_headers(db_url), timeout=60) as client:
+            yield app, client, data / "data"
+    finally:
+        app.stop()
+        record = HeadRecord.load(data / "data" / HEAD_RECORD)
+        if record is not None and pid_alive(record.pid):
+            stop_head(record.pid)
+
+
+def wait_for_trial(client: httpx.Client, trial_id: int, predicate, *, timeout: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    trial = client.get(f"/api/trials/{trial_id}").json()
+    while not predicate(trial) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        trial = client.get(f"/api/trials/{trial_id}").json()
+    return trial
+
+
 @pytest.mark.ray
-def test_cpu_trial_through_the_api(client, write_headers, db_backend, local_ray):
-    if db_backend != "sqlite":
-        pytest.skip("the engine trial runs once, on SQLite")
+def test_cpu_trial_through_the_served_app_on_the_engine(served):
+    """The real app runs a trial as a job of its engine host end to end; the app's own process never
+    imports torch (the steps, the probe and the parity check all run on ranks)."""
+    app, client, _ = served
+    assert app.proc is not None
     resp = client.post("/api/trials", json={"name": "cpu", "spec": TRIAL_SPEC,
                                             "implementations": ["eager", "sdpa", "flash_attention_2"],
-                                            "steps": 2}, headers=write_headers)  # no environment: probed on Ray
+                                            "steps": 2})  # no environment: probed on a rank
     assert resp.status_code == 202, resp.text
     trial_id = resp.json()["id"]
-    deadline = time.monotonic() + 600
-    trial = resp.json()
-    while trial["status"] in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(1.0)
-        trial = client.get(f"/api/trials/{trial_id}").json()
-    assert trial["status"] == "succeeded", trial["error"]
+    trial = wait_for_trial(client, trial_id, lambda t: t["status"] not in ("queued", "running"))
+    assert trial["status"] == "succeeded", (trial["error"], app.tail())
+    assert trial["engine_job"] == f"attnboard-trial-{trial_id}"
+    assert trial["status_reason"] == ("eager, sdpa completed; flash_attention_2 skipped: "
+                                      + trial["result"]["columns"][2]["reason"])
     result = TrialResult.from_dict(trial["result"])
     assert (result.environment["name"], result.environment["device"]) == ("probed node", "cpu")
     assert [c.implementation for c in result.columns] == ["eager", "sdpa", "flash_attention_2"]
@@ -153,25 +266,74 @@ def test_cpu_trial_through_the_api(client, write_headers, db_backend, local_ray)
     assert TrialResult.from_dict(result.as_dict()) == result
     assert result.recommendation.implementation in ("eager", "sdpa")
     assert "ms per step" in result.recommendation.reason
-    page = soup(client.get(f"/trials/{trial_id}").text)
-    assert page.select_one("p.recommendation")["data-recommended"] == result.recommendation.implementation
+    assert torch_in_process(app.proc.pid) == []
+    assert client.post(f"/api/trials/{trial_id}/cancel").status_code == 409  # it has ended
 
 
-def test_trials_a_stopped_app_left_running_end_failed_at_start_up(db_url):
-    """No trial stays non-terminal after the process that ran it is gone."""
+@pytest.mark.ray
+def test_a_running_trial_is_cancelled_through_the_api(served):
+    app, client, _ = served
+    trial_id = client.post("/api/trials", json={"name": "stop me", "spec": TRIAL_SPEC, "steps": 20,
+                                                "implementations": ["sdpa", "eager"], "environment": "cpu"}).json()["id"]
+    trial = wait_for_trial(client, trial_id, lambda t: (t["status_reason"] or "").startswith("measuring"), timeout=300)
+    assert trial["status"] == "running", (trial, app.tail())
+    asked = time.monotonic()
+    resp = client.post(f"/api/trials/{trial_id}/cancel")
+    assert resp.status_code == 200 and resp.json()["status_reason"] == trials_service.CANCELLING
+    trial = wait_for_trial(client, trial_id, lambda t: t["status"] != "running", timeout=60)
+    assert (trial["status"], trial["status_reason"]) == ("cancelled", "cancelled by the user"), app.tail()
+    assert time.monotonic() - asked < 30
+
+
+@pytest.mark.ray
+def test_a_trial_whose_engine_host_dies_is_restarted_or_failed_with_the_cause(served):
+    """Two trials run side by side (1 CPU each); the engine host is SIGKILLed: the one that may not restart
+    (``attnboard.max_restarts: 0``) fails naming the host, the other starts again in a new host and ends."""
+    app, client, data = served
+    ids = [client.post("/api/trials", json={"name": name, "spec": {**TRIAL_SPEC, "attnboard.max_restarts": limit},
+                                            "implementations": ["eager", "sdpa"], "steps": 20,
+                                            "environment": "cpu"}).json()["id"] for name, limit in (("once", 0),
+                                                                                                  ("again", 2))]
+    for trial_id in ids:
+        trial = wait_for_trial(client, trial_id, lambda t: (t["status_reason"] or "").startswith("measuring"),
+                               timeout=300)
+        assert trial["status"] == "running", (trial, app.tail())
+    record = HeadRecord.load(data / HEAD_RECORD)
+    assert record is not None
+    hosts = ray_query(record.address, ray_env(None))["hosts"]
+    (name, host_pid), = hosts.items()
+    os.kill(host_pid, signal.SIGKILL)
+
+    once = wait_for_trial(client, ids[0], lambda t: t["status"] not in ("queued", "running"), timeout=120)
+    assert once["status"] == "failed" and once["restarts"] == 0, once
+    assert once["status_reason"].startswith(f"the engine host is gone: trial job attnboard-trial-{ids[0]} ")
+    assert once["error"] == once["status_reason"]
+    again = wait_for_trial(client, ids[1], lambda t: t["status"] not in ("queued", "running"))
+    assert again["status"] == "succeeded" and again["restarts"] == 1, (again, app.tail())
+    assert [c["status"] for c in again["result"]["columns"]] == ["ok", "ok"]
+    assert ray_query(record.address, ray_env(None))["hosts"].get(name) not in (None, host_pid)  # a new host
+
+
+def test_at_start_up_only_trials_that_ran_inside_an_old_app_end_failed(db_url):
+    """No trial stays non-terminal after the process that ran it is gone: a trial ``running`` without a job
+    in the engine host ran in an old app's thread and is failed at start-up; a queued trial waits for the
+    scheduler, and one with a job is followed by the supervisor (its host outlives the app)."""
     from fastapi.testclient import TestClient
     from sqlmodel import Session
 
     from app.db import make_engine
     from app.main import create_app
     from app.models_troubleshooting import Trial, TrialStatus
-    from app.services.trials import ORPHANED
+    from app.services.trials import LEGACY_ORPHANED
     from tests.app.factories import tiny_spec
 
     engine = make_engine(db_url)
     with Session(engine) as session:
-        rows = [Trial(name=f"t{i}", status=s, spec=tiny_spec(), implementations=["eager"], steps=1, author="test")
-                for i, s in enumerate([TrialStatus.queued.value, TrialStatus.running.value, TrialStatus.succeeded.value])]
+        rows = [Trial(name=f"t{i}", status=s, spec=tiny_spec(), implementations=["eager"], steps=1, author="test",
+                      engine_job=job)
+                for i, (s, job) in enumerate([(TrialStatus.queued.value, None), (TrialStatus.running.value, None),
+                                              (TrialStatus.succeeded.value, None),
+                                              (TrialStatus.running.value, "attnboard-trial-4")])]
         session.add_all(rows)
         session.commit()
         ids = [r.id for r in rows]
@@ -182,5 +344,5 @@ def test_trials_a_stopped_app_left_running_end_failed_at_start_up(db_url):
     with Session(engine) as session:
         statuses = [(session.get(Trial, i).status, session.get(Trial, i).error) for i in ids]
     engine.dispose()
-    assert statuses[:2] == [(TrialStatus.failed.value, ORPHANED)] * 2
-    assert statuses[2][0] == TrialStatus.succeeded.value
+    assert statuses[1] == (TrialStatus.failed.value, LEGACY_ORPHANED)
+    assert [s for s, _ in statuses] == ["queued", "failed", "succeeded", "running"]

@@ -1,10 +1,11 @@
 """The troubleshooting log: entries from ingested events, filters, notes, retry with the remedy, the return
 to the fast path, auth, and the pages. Events are the engine's own payload shapes (see
-``worker.engine.plan.fallback_payloads`` and ``controller.RoleFailure``); the end-to-end test with the real
+``worker.engine.plan.fallback_payloads`` and ``trainer.RoleFailure``); the end-to-end test with the real
 engine is in ``test_troubleshooting_engine.py``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from app.models_troubleshooting import EntrySource
 from app.services.troubleshooting import diagnose, draft_from_event, environment_label
-from tests.app.factories import make_run
+from tests.app.factories import engine_headers, make_run
 from tests.app.pages_support import csrf_of, login, soup
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -34,7 +35,7 @@ def fallback(role: str, error: str = FA2_MISSING) -> dict[str, Any]:
 
 def post_events(client, headers, run_id: int, events: list[tuple[str, dict[str, Any]]], start: int = 1) -> None:
     body = [{"seq": start + i, "kind": kind, "payload": payload} for i, (kind, payload) in enumerate(events)]
-    resp = client.post(f"/api/runs/{run_id}/events", json=body, headers=headers)
+    resp = client.post(f"/api/runs/{run_id}/events", json=body, headers=engine_headers(client, run_id))
     assert resp.status_code == 200, resp.text
 
 
@@ -250,7 +251,7 @@ def test_every_mutating_route_needs_a_write_token(client, read_headers):
     paths = client.get("/openapi.json").json()["paths"]
     mutating = [(path, method) for path, item in paths.items() if path.startswith(("/api/troubleshooting", "/api/trials"))
                 for method in item if method in ("post", "put", "patch", "delete")]
-    assert len(mutating) == 4
+    assert len(mutating) == 5  # recheck, notes, retry; a trial, its cancel
     for path, method in mutating:
         url = path.replace("{entry_id}", "1").replace("{trial_id}", "1")
         assert client.request(method, url, json={}).status_code == 401, url
@@ -350,3 +351,23 @@ def test_fast_path_button_on_the_page(client, session, write_headers):
     page = soup(client.get("/troubleshooting").text)
     buttons = page.select("form.retry-fast-path button")
     assert len(buttons) == 2 and all(b.get_text() == "Return to flash_attention_2" for b in buttons)
+
+
+def test_tracebacks_and_absolute_paths_only_to_signed_in_readers(client, write_headers, read_headers):
+    run = make_run(client, write_headers)
+    trace = ('Traceback (most recent call last):\n  File "/srv/attnboard/worker/engine/models.py", line 3, in load\n'
+             "OSError: /srv/models/qwen/config.json is unreadable")
+    post_events(client, write_headers, run["id"], [("status", {"status": "starting"}),
+                                                   ("error", {"message": "OSError: unreadable", "traceback": trace})])
+    anonymous = entries(client, run_id=run["id"])["data"][0]
+    assert anonymous["error"] == "OSError: .../config.json is unreadable"
+    assert "/srv" not in json.dumps(anonymous)
+    signed = client.get("/api/troubleshooting", params={"run_id": run["id"]}, headers=read_headers).json()["data"][0]
+    assert signed["error"] == trace
+    page = client.get(f"/troubleshooting/{anonymous['id']}").text
+    assert "/srv/attnboard" not in page
+    # the run's events: the traceback's last line for anonymous readers, all of it for signed-in ones
+    anonymous_events = client.get(f"/api/runs/{run['id']}/events").json()["data"]
+    assert anonymous_events[1]["payload"]["traceback"] == "OSError: .../config.json is unreadable"
+    signed_events = client.get(f"/api/runs/{run['id']}/events", headers=read_headers).json()["data"]
+    assert signed_events[1]["payload"]["traceback"] == trace

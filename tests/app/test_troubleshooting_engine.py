@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.app.factories import make_run
+from tests.app.factories import engine_headers, make_run
 
 pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"), pytest.mark.ray]
 
@@ -32,7 +32,7 @@ def execute(client, headers, run: dict[str, Any], cache_dir) -> str:
     # the app already holds the run as queued; the engine's own "queued" status is not a transition
     stored = [e for e in stored if not (e.kind == "status" and e.payload.get("status") == "queued")]
     body = [{**e.model_dump(mode="json"), "seq": i + 1} for i, e in enumerate(stored)]
-    resp = client.post(f"/api/runs/{run['id']}/events", json=body, headers=headers)
+    resp = client.post(f"/api/runs/{run['id']}/events", json=body, headers=engine_headers(client, run["id"]))
     assert resp.status_code == 200, resp.text
     return state
 

@@ -21,6 +21,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from worker.attention import messages
+from worker.attention.kernel_sources import FLASH_HEAD_DIM_ERROR, MAX_FLASH_HEAD_DIM, flash_kernel_source, kernels_usable
 from worker.core.environment import Environment
 from worker.core.implementations import FALLBACK_CHAIN, ULYSSES_BASES, Impl, base_impl, is_hub_kernel
 
@@ -53,7 +54,29 @@ class Rule(str, Enum):
     fallback_step = "fallback-step"
     strict = "strict"
     support_unknown = "architecture-support-unknown"
+    # verl's training engines (worker.attention.verl_engines)
+    verl_engine_key = "verl-engine-key"
+    verl_engine_rewrite = "verl-engine-rewrite"
+    verl_reference_inherits = "verl-reference-inherits"
+    verl_critic_honoured = "verl-critic-honoured"
+    verl_engine_refuses = "verl-engine-refuses"
+    verl_engine_ignores = "verl-engine-ignores"
+    attnboard_runs_dp = "attnboard-runs-dp"
+    rollout_engine_kwargs = "rollout-engine-kwargs"
+    # where a FlashAttention kernel comes from, and head-dim limits (worker.attention.kernel_sources)
+    fa_kernel_source = "flash-attn-kernel-source"
+    fa_hub_offline = "flash-attn-hub-offline"
+    fa_head_dim = "flash-attn-head-dim"
+    sdpa_head_dim = "sdpa-gqa-head-dim"
     remove_padding = "remove-padding-cost"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One step of a resolution: a rule id (``Rule``) and one sentence."""
+
+    rule: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,7 @@ class Context:
     sp: int = 1  # plain fsdp/fsdp2 Ulysses size (FSDP-Turbo's forced eager is decided before)
     output_attentions: bool = False  # the forward must return attention weights
     compute_dtype: str | None = None  # torch name of the forward's dtype; None: not known
+    head_dim: int | None = None  # the model's largest attention head dimension; None: not read
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,10 +233,11 @@ def _flash(version: int) -> Callable[[Context], Unavailable | None]:
         if env is None:
             return None
         if version == 2:  # the package is checked before the device
-            return _flash_package(env, version) or _compute_capability(env, version, minimum) or _flash_dtype(ctx, version)
+            return (_flash_package(env, version) or _compute_capability(env, version, minimum)
+                    or _flash_dtype(ctx, version) or _flash_head_dim(ctx, version))
         # FA3/FA4: on a pre-Hopper GPU installing the package would not help, so the device speaks first.
         return ((_compute_capability(env, version, minimum) if env.device == "cuda" else None)
-                or _flash_package(env, version) or _flash_dtype(ctx, version))
+                or _flash_package(env, version) or _flash_dtype(ctx, version) or _flash_head_dim(ctx, version))
 
     return check
 
@@ -222,6 +247,13 @@ def _flash_package(env: Environment, version: int) -> Unavailable | None:
     if env.device == "npu" and version == 2:
         return None  # transformers 5.x short-circuits the check on Ascend NPU
     installed = {2: env.flash_attn_installed, 3: env.flash_attn_3_version is not None}.get(version, False)
+    if not installed and env.device == "cuda" and kernels_usable(env):
+        # transformers 5.24 loads the Hub kernel instead (kernel_sources); only an offline node fails.
+        source = flash_kernel_source(f"flash_attention_{version}", env)
+        if source is None or source.offline_error is None:
+            return None
+        return Unavailable(Rule.fa_hub_offline, f"{source.text} Remedy: {source.remedy}.", source.offline_error,
+                           "ImportError")
     if not installed:
         where = ("the flash-attn package is not installed" if version == 2
                  else f"the FlashAttention{version} package is not installed")
@@ -266,6 +298,17 @@ def _flash_dtype(ctx: Context, version: int) -> Unavailable | None:
                        f"(\"{warning}.\") and the FlashAttention {version} kernel refuses the first forward; "
                        f"compute in bfloat16 (verl's default) or float16 to keep it.",
                        error, raises)
+
+
+def _flash_head_dim(ctx: Context, version: int) -> Unavailable | None:
+    """FlashAttention's kernels take head dims up to 256 (verl #7131: Gemma-4's global layers, head dim 512); the
+    kernel refuses the first forward. Decided where they run (CUDA)."""
+    if ctx.head_dim is None or ctx.head_dim <= MAX_FLASH_HEAD_DIM or (ctx.env is not None and ctx.env.device != "cuda"):
+        return None
+    return Unavailable(Rule.fa_head_dim,
+                       f"the model's head dimension is {ctx.head_dim}: FlashAttention {version} runs head dims up to "
+                       f"{MAX_FLASH_HEAD_DIM} and refuses the first forward (verl #7131, Gemma-4's global layers).",
+                       FLASH_HEAD_DIM_ERROR, "RuntimeError")
 
 
 def _sdpa(ctx: Context) -> Unavailable | None:

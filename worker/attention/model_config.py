@@ -65,7 +65,8 @@ def model_info(folder: Path | str) -> ModelInfo:
         num_key_value_heads=int(kv_heads),
         hidden_size=int(text.get("hidden_size") or 0),
         extra={"model_type": data.get("model_type"), "num_hidden_layers": text.get("num_hidden_layers"),
-               "vocab_size": text.get("vocab_size")},
+               "vocab_size": text.get("vocab_size"), "head_dim": text.get("head_dim"),
+               "global_head_dim": text.get("global_head_dim")},
     )
 
 

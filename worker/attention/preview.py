@@ -66,4 +66,4 @@ def preview(spec: RunSpec, environment: Environment, *, model_roots: list[Path] 
     issues = check_spec(spec, actor_model=actor, critic_model=critic)
     issues += [n for n in (actor_note, critic_note) if n is not None]
     issues.sort(key=lambda i: i.severity != "error")
-    return Preview(resolution=resolve(spec, environment), issues=issues)
+    return Preview(resolution=resolve(spec, environment, actor_model=actor, critic_model=critic), issues=issues)

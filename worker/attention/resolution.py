@@ -16,12 +16,15 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 
 from worker.attention import messages
-from worker.attention.availability import Context, ModelSupport, Rule, candidates, walk
+from worker.attention.availability import Context, ModelSupport, Reason, Rule, candidates, walk
+from worker.attention.kernel_sources import MAX_FLASH_HEAD_DIM, SDPA_GQA_COMMENT, KernelSource, flash_kernel_source
 from worker.attention.packing import remove_padding_cost
 from worker.attention.rollout_engines import EngineChoice, engine_choice
+from worker.attention.verl_engines import EngineAttention, verl_engine_view
 from worker.core.environment import Environment
 from worker.core.implementations import DEFAULT_IMPL, base_impl, is_hub_kernel, is_valid_name
-from worker.spec import RunSpec, Strategy
+from worker.core.vocabulary import ModelInfo
+from worker.spec import PASSTHROUGH, RunSpec, Strategy, spec_to_flat
 
 __all__ = ["ROLES", "ModelSupport", "Reason", "Resolution", "RoleResolution", "Rule", "Status", "resolve"]
 
@@ -36,12 +39,6 @@ class Status(str, Enum):
 
 
 @dataclass(frozen=True)
-class Reason:
-    rule: str
-    text: str
-
-
-@dataclass(frozen=True)
 class RoleResolution:
     role: str
     requested: str
@@ -52,6 +49,8 @@ class RoleResolution:
     error: str | None = None  # the exact message transformers / the kernel would raise
     attempts: tuple[str, ...] = ()  # implementations tried in order, the effective one last
     under_verl: EngineChoice | None = None  # rollout with vllm/sglang/trtllm: the backend that engine runs under verl
+    verl_engine: EngineAttention | None = None  # actor/reference/critic: what verl's model_engine reads and runs
+    kernel_source: KernelSource | None = None  # a FlashAttention effective: the package, Hub kernel or NPU mapping
 
     @property
     def badge(self) -> str:
@@ -64,6 +63,7 @@ class Resolution:
     environment: str
     policy: str
     roles: dict[str, RoleResolution] = field(default_factory=dict)
+    model_engine: str = "dp"
 
     @property
     def ok(self) -> bool:
@@ -73,11 +73,14 @@ class Resolution:
         return {
             "environment": self.environment,
             "policy": self.policy,
+            "model_engine": self.model_engine,
             "ok": self.ok,
             "roles": {
                 name: {**asdict(r), "reasons": [asdict(x) for x in r.reasons], "attempts": list(r.attempts),
                        "badge": r.badge,
-                       "under_verl": {**asdict(r.under_verl), "effective": r.under_verl.effective} if r.under_verl else None}
+                       "under_verl": {**asdict(r.under_verl), "effective": r.under_verl.effective} if r.under_verl else None,
+                       "verl_engine": r.verl_engine.to_dict() if r.verl_engine else None,
+                       "kernel_source": r.kernel_source.to_dict() if r.kernel_source else None}
                 for name, r in self.roles.items()
             },
         }
@@ -97,6 +100,7 @@ class _RoleInput:
     trained: bool
     support: ModelSupport | None
     remove_padding: bool = True  # the role's model.use_remove_padding
+    model: ModelInfo | None = None
 
 
 def _resolve_role(spec: RunSpec, env: Environment, inp: _RoleInput) -> RoleResolution:
@@ -111,8 +115,9 @@ def _resolve_role(spec: RunSpec, env: Environment, inp: _RoleInput) -> RoleResol
         reasons.append(Reason(Rule.default.value, f"{key} is absent: verl's default {DEFAULT_IMPL} applies."))
 
     def done(effective, status, error=None, attempts=()):
+        kernel = flash_kernel_source(base_impl(effective), env) if effective else None
         return RoleResolution(inp.role, requested, source, effective, status, tuple(reasons), error,
-                              tuple(attempts) or ((effective,) if effective else ()))
+                              tuple(attempts) or ((effective,) if effective else ()), kernel_source=kernel)
 
     if not is_valid_name(requested):
         reasons.append(Reason(Rule.unknown_name.value, f"{requested!r} is not a valid attn_implementation."))
@@ -133,8 +138,9 @@ def _resolve_role(spec: RunSpec, env: Environment, inp: _RoleInput) -> RoleResol
         reasons.append(Reason(Rule.support_unknown.value,
                               "the model's architecture support was not read (no local model or probe): assumed complete."))
 
+    head_dim = inp.model.head_dim if inp.model else None
     ctx = Context(env, inp.support, inp.trained, inp.sp, spec.attnboard.debug.output_attentions,
-                  spec.precision(inp.role)[0])
+                  spec.precision(inp.role)[0], head_dim)
     chain = candidates(requested, policy)
     steps = walk(requested, policy, ctx)
     attempts = [step.name for step in steps]
@@ -146,6 +152,16 @@ def _resolve_role(spec: RunSpec, env: Environment, inp: _RoleInput) -> RoleResol
             if env.device == "npu" and base_impl(candidate) == "flash_attention_2":
                 reasons.append(Reason(Rule.fa_npu.value, "on Ascend NPU transformers 5.x skips the FlashAttention 2 "
                                                          "package check and uses the NPU's own kernel."))
+            kernel = flash_kernel_source(base_impl(candidate), env)
+            if kernel is not None and kernel.origin in ("package", "hub"):
+                reasons.append(Reason(Rule.fa_kernel_source.value, kernel.text))
+            if (base_impl(candidate) == "sdpa" and head_dim and head_dim > MAX_FLASH_HEAD_DIM and inp.model is not None
+                    and inp.model.gqa and env.device in ("cuda", "npu")):
+                reasons.append(Reason(Rule.sdpa_head_dim.value,
+                                      f"head dimension {head_dim} with grouped-query attention: transformers 5.24 "
+                                      f"passes enable_gqa to SDPA only for head dims up to {MAX_FLASH_HEAD_DIM} "
+                                      f"(\"{SDPA_GQA_COMMENT}\"), so it repeats the key/value heads and torch runs "
+                                      f"the math kernel, O(S^2) memory (transformers #46960)."))
             reasons.append(Reason(Rule.remove_padding.value,
                                   remove_padding_cost(candidate, remove_padding=inp.remove_padding, sp=inp.sp)))
             if candidate != requested:
@@ -170,14 +186,19 @@ def resolve(
     *,
     actor_support: ModelSupport | None = None,
     critic_support: ModelSupport | None = None,
+    architecture: str | None = None,
+    actor_model: ModelInfo | None = None,
+    critic_model: ModelInfo | None = None,
 ) -> Resolution:
-    """Per role: requested, source, effective, status and ordered reasons (pure)."""
+    """Per role: requested, source, effective, status and ordered reasons (pure), and what verl's training engine
+    (``model_engine``) reads and runs for it (``verl_engine``; ``architecture``: the actor's model class, for
+    Automodel's Qwen/Llama rule)."""
     arr = spec.actor_rollout_ref
     section = "actor_rollout_ref.model.override_config"
-    out = Resolution(environment=env.name, policy=spec.attnboard.fallback_policy)
+    out = Resolution(environment=env.name, policy=spec.attnboard.fallback_policy, model_engine=spec.model_engine)
     actor_strategy = arr.actor.strategy
     shared = {"override_config": arr.model.override_config, "strategy": actor_strategy, "sp": spec.actor_sp,
-              "support": actor_support, "remove_padding": arr.model.use_remove_padding}
+              "support": actor_support, "model": actor_model, "remove_padding": arr.model.use_remove_padding}
 
     actor = _resolve_role(spec, env, _RoleInput("actor", section, trained=True, **shared))
     out.roles["actor"] = actor
@@ -192,7 +213,8 @@ def resolve(
         critic_section = "critic.model.override_config"
         critic = _resolve_role(spec, env, _RoleInput(
             "critic", critic_section, spec.critic.model.override_config, spec.critic.strategy, spec.critic_sp,
-            trained=True, support=critic_support, remove_padding=spec.critic.model.use_remove_padding))
+            trained=True, support=critic_support, model=critic_model,
+            remove_padding=spec.critic.model.use_remove_padding))
         if critic.source == "override":
             critic = replace(critic, reasons=(
                 *critic.reasons, Reason(Rule.verl_critic_defect.value,
@@ -200,7 +222,19 @@ def resolve(
                                         "(verl issue #5210: load_valuehead_model passes flash_attention_2 explicitly); "
                                         "attnboard applies it.")))
         out.roles["critic"] = critic
+    view = verl_engine_view(spec.model_engine, verl_keys(spec), device=env.device, has_critic=spec.has_critic,
+                            architecture=architecture or (actor_model.architecture if actor_model else None)
+                            or (actor_support.model_class if actor_support else None))
+    for role, engine in view.items():
+        out.roles[role] = replace(out.roles[role], verl_engine=engine)
     return out
+
+
+def verl_keys(spec: RunSpec) -> dict[str, object]:
+    """Every dotted key the spec sets, as verl reads it: modelled keys, override_config sub-keys and the
+    pass-through keys (without their ``+``)."""
+    flat = {k: v for k, v in spec_to_flat(spec).items() if not k.startswith(PASSTHROUGH + ".")}
+    return {**flat, **{k.lstrip("+"): v for k, v in spec.verl_passthrough.items()}}
 
 
 def _rollout(spec: RunSpec, env: Environment, actor: RoleResolution) -> RoleResolution:
@@ -211,7 +245,13 @@ def _rollout(spec: RunSpec, env: Environment, actor: RoleResolution) -> RoleReso
     reasons = [*(r for r in actor.reasons if r.rule != Rule.remove_padding.value),  # generation does not pack
                Reason(Rule.shared_section.value, "under attnboard, rollout generates with the actor's HF model and "
                                                  "weights: the actor's implementation.")]
-    choice = engine_choice(name, env, spec.precision("rollout")[0])
+    given = verl_keys(spec)
+    explicit = next((str(given[k]) for k in (f"actor_rollout_ref.rollout.engine_kwargs.{name}.{leaf}"
+                                             for leaf in ("attention_backend", "attn_backend")) if k in given), None)
+    choice = engine_choice(name, env, spec.precision("rollout")[0], explicit)
+    if choice is not None and explicit is not None:
+        reasons.append(Reason(Rule.rollout_engine_kwargs.value,
+                              f"{choice.setting}={explicit} is set: verl hands it to {name} as given."))
     if choice is not None:
         backend = (f"refuses to start ({choice.error})" if choice.error
                    else f"runs {choice.backend}" if choice.backend else "picks a backend attnboard cannot tell")

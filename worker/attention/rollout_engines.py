@@ -32,7 +32,7 @@ Read from the sources, August 2026 (verl 0.9.1 pins ``vllm==0.24.0`` and ``sglan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from worker.core.environment import Environment
 
@@ -131,8 +131,20 @@ def _trtllm(env: Environment, dtype: str) -> EngineChoice:
 _ENGINES = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm}
 
 
-def engine_choice(name: str, env: Environment, dtype: str) -> EngineChoice | None:
+def engine_choice(name: str, env: Environment, dtype: str, explicit: str | None = None) -> EngineChoice | None:
     """What rollout engine ``name`` runs for attention under verl on ``env`` with ``rollout.dtype`` (a torch
-    dtype name); None for ``hf``, which generates with the actor's HF model under verl too."""
+    dtype name); None for ``hf``, which generates with the actor's HF model under verl too. ``explicit``: the
+    backend the spec's ``engine_kwargs.<name>.attention_backend`` (TensorRT-LLM: ``attn_backend``) asks for,
+    which verl hands to the engine as given (SGLang: instead of the flashinfer it would set)."""
     choose = _ENGINES.get(name)
-    return choose(env, dtype) if choose is not None else None
+    if choose is None:
+        return None
+    choice = choose(env, dtype)
+    if explicit is None or choice.error is not None:
+        return choice
+    if name == "vllm" and env.device == "cpu":
+        return replace(choice, why=f"{choice.setting}={explicit} is ignored: {choice.why}")
+    return replace(choice, backend=explicit,
+                   why=f"{choice.setting}={explicit} is passed to {name} as given (verl's engine_kwargs), instead of "
+                       f"its own choice ({choice.backend or 'not determined here'}); {name} refuses a backend it "
+                       f"lacks at start-up.")

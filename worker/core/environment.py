@@ -45,6 +45,7 @@ class Environment:
     description: str = ""
     driver_version: str | None = None  # the NVIDIA driver, from a probe
     kernels_version: str | None = None  # the `kernels` package (hub kernels), from a probe
+    hub_reachable: bool | None = None  # whether the node reached the Hugging Face Hub (None: not probed)
     sdpa_backends: tuple[str, ...] = ()  # SDPA backends a probe saw run on the device; empty: not probed
 
     @property
@@ -97,6 +98,10 @@ class Environment:
         if device not in DEVICES:
             raise InvalidEnvironment("environment.device", device, f"{device!r} is not valid; valid: "
                                      f"{', '.join(DEVICES)}", valid=list(DEVICES))
+        if values.get("hub_reachable") is not None and not isinstance(values["hub_reachable"], bool):
+            raise InvalidEnvironment("environment.hub_reachable", values["hub_reachable"],
+                                     f"{values['hub_reachable']!r} must be true, false or null",
+                                     valid=[True, False, None])
         if not isinstance(values.get("kernels_installed", False), bool):
             raise InvalidEnvironment("environment.kernels_installed", values["kernels_installed"],
                                      f"{values['kernels_installed']!r} must be true or false", valid=[True, False])

@@ -14,7 +14,7 @@ from typing import Any
 
 class AdvEstimator(str, Enum):
     """verl 0.9.1's advantage estimators (``verl.trainer.ppo.core_algos.AdvantageEstimator``), all accepted in
-    a spec; attnboard's engine runs those in ``ENGINE_ADV_ESTIMATORS`` (``engine_issues`` refuses the rest)."""
+    a spec; attnboard's engine runs those registered in ``worker.ppo.advantage`` (``engine_issues`` refuses the rest)."""
 
     gae = "gae"
     grpo = "grpo"
@@ -64,3 +64,17 @@ class ModelInfo:
     num_key_value_heads: int
     hidden_size: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int | None:
+        """The largest attention head dimension: config.json's ``head_dim`` (and ``global_head_dim``, Gemma-4's
+        global layers), else hidden_size / num_attention_heads; None when neither is known."""
+        given = [int(v) for v in (self.extra.get("head_dim"), self.extra.get("global_head_dim")) if isinstance(v, int)]
+        if given:
+            return max(given)
+        return self.hidden_size // self.num_attention_heads if self.hidden_size and self.num_attention_heads else None
+
+    @property
+    def gqa(self) -> bool:
+        """Grouped-query attention: fewer key/value heads than query heads."""
+        return self.num_key_value_heads < self.num_attention_heads

@@ -36,7 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from worker.spec import DEFAULT_LOCAL_DIR, Issue, RunSpec, tree_get
+from worker.spec import Issue, RunSpec, tree_get
+from worker.spec.confine import resolved_local_dir
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = "checkpoint.json"
@@ -117,14 +118,6 @@ class Skipped:
 
 # --------------------------------------------------------------------------------------------
 # Where
-
-
-def resolved_local_dir(spec: RunSpec) -> str:
-    """``trainer.default_local_dir`` with verl's default interpolation resolved against the spec."""
-    trainer = spec.trainer
-    if trainer.default_local_dir == DEFAULT_LOCAL_DIR:
-        return f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
-    return trainer.default_local_dir
 
 
 def expand(path: str | Path) -> Path:

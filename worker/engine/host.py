@@ -15,6 +15,9 @@ the host); the app starts each of them again in a new host from its newest compl
 its ``attnboard.max_restarts`` allows (``submit`` with a ``continuation``), and marks the others failed.
 
 A run stays in the host until the app acknowledged all its events after it finished (``ack``).
+
+Attention trials are jobs of the host too (``submit_trial``, ``worker.engine.trial_job``): on a thread each,
+with the same rank pool; the app reads ``trial_progress``, stores it, and ``ack_trial`` forgets a finished one.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from typing import Any
 import ray
 
 from worker.core.contract import HOST_NAME, NAMESPACE
-from worker.engine.controller import RunController
 from worker.engine.events import Event
 from worker.engine.ranks import PoolSettings, RankPool
+
+# The run controller and the trial job (and with them torch) are imported where a job starts, in the host's
+# process: the app imports this module to find the host and talk to it, and never imports torch.
 
 log = logging.getLogger("attnboard.engine.host")
 
@@ -49,12 +54,24 @@ class RunUnknown(LookupError):
         return (RunUnknown, (self.run_id,))
 
 
+class TrialUnknown(LookupError):
+    """The host has no trial of that id (never submitted here, or finished and acknowledged)."""
+
+    def __init__(self, trial_id: str):
+        self.trial_id = trial_id
+        super().__init__(f"trial {trial_id}: not in the engine host")
+
+    def __reduce__(self):
+        return (TrialUnknown, (self.trial_id,))
+
+
 class EngineHost:
     """The actor class (see the module docstring). Every method is safe to call from many threads."""
 
     def __init__(self, warm_ranks: int = 0, warm_device: str = "cpu"):
         self.pool = RankPool(PoolSettings(warm_ranks, warm_device))
-        self.runs: dict[str, RunController] = {}
+        self.runs: dict[str, Any] = {}  # run id -> RunController
+        self.trials: dict[str, Any] = {}  # trial id -> TrialJob (worker.engine.trial_job)
         self._lock = threading.Lock()
         self._refiller = threading.Thread(target=self._refill_loop, name="attnboard-pool-refill", daemon=True)
         self._refiller.start()
@@ -78,7 +95,8 @@ class EngineHost:
         while True:
             time.sleep(REFILL_EVERY_S)
             with self._lock:
-                busy = any(not run.log.terminal for run in self.runs.values())
+                busy = any(not run.log.terminal for run in self.runs.values()) or \
+                    any(not job.progress()["terminal"] for job in self.trials.values())
             if busy:
                 continue
             try:
@@ -93,6 +111,8 @@ class EngineHost:
                checkpoint_roots: list[str] | None = None, continuation: dict[str, Any] | None = None) -> bool:
         """Start a run (``continuation``: restart one whose host died, see ``RunController``); False when the
         host has a run of that id already (nothing is started then)."""
+        from worker.engine.controller import RunController
+
         with self._lock:
             if run_id in self.runs:
                 return False
@@ -111,7 +131,7 @@ class EngineHost:
         with self._lock:
             return sorted(self.runs)
 
-    def _run(self, run_id: str) -> RunController:
+    def _run(self, run_id: str) -> Any:
         with self._lock:
             run = self.runs.get(run_id)
         if run is None:
@@ -144,6 +164,58 @@ class EngineHost:
             with self._lock:
                 self.runs.pop(run_id, None)
         return status
+
+    # ---- trials (worker.engine.trial_job)
+
+    def submit_trial(self, trial_id: str, request: dict[str, Any], model_roots: list[str] | None = None,
+                     cache_dir: str | None = None, *, done: list[dict[str, Any]] | None = None, attempt: int = 0) -> bool:
+        """Start a trial (``done``: the columns a host that died had measured); False when the host has a
+        trial of that id already (nothing is started then)."""
+        from worker.engine.trial_job import TrialJob
+
+        with self._lock:
+            if trial_id in self.trials:
+                return False
+            job = TrialJob(trial_id, request, ranks=self.pool, model_roots=model_roots, cache_dir=cache_dir,
+                           done=done or [], attempt=attempt)
+            self.trials[trial_id] = job
+        job.start()
+        return True
+
+    def _trial(self, trial_id: str) -> Any:
+        with self._lock:
+            job = self.trials.get(trial_id)
+        if job is None:
+            raise TrialUnknown(trial_id)
+        return job
+
+    def trial_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self.trials)
+
+    def trial_progress(self, trial_id: str) -> dict[str, Any]:
+        return self._trial(trial_id).progress()
+
+    def cancel_trial(self, trial_id: str, reason: str = "cancelled by the user") -> dict[str, Any]:
+        return self._trial(trial_id).cancel(reason)
+
+    def kill_trial(self, trial_id: str, reason: str = "stopped by the app") -> bool:
+        """Stop a trial at once and forget it (the app writes its end itself); False when it was not here."""
+        with self._lock:
+            job = self.trials.pop(trial_id, None)
+        if job is None:
+            return False
+        job.kill(reason)
+        return True
+
+    def ack_trial(self, trial_id: str) -> bool:
+        """The app stored the trial's end: a finished trial is forgotten (True); a trial still going stays."""
+        with self._lock:
+            job = self.trials.get(trial_id)
+            if job is None or not job.progress()["terminal"]:
+                return False
+            del self.trials[trial_id]
+        return True
 
     def pid(self) -> int:
         return os.getpid()

@@ -14,6 +14,8 @@ was math, why (``worker.engine.sdpa``).
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import re
 import sys
 import threading
 from collections import Counter
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
+from worker.attention.kernel_sources import HUB_FLASH_KERNELS
+from worker.core.implementations import base_impl, is_hub_kernel
 from worker.engine.sdpa import SdpaRecorder
 
 WRAPPER_PREFIX = "ulysses_"
@@ -111,3 +115,47 @@ def observe_attention() -> Iterator[AttentionObservation]:
             ALL_ATTENTION_FUNCTIONS._local_mapping.update(saved_local)
             for module, fn in saved_eager.items():
                 module.eager_attention_forward = fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the FlashAttention kernel that loaded came from (``worker.attention.kernel_sources`` previews it)
+
+_HUB_SNAPSHOT = re.compile(r"models--(?P<org>[^/\\]+?)--(?P<name>[^/\\]+)[/\\]snapshots[/\\](?P<rev>[0-9a-f]{7,64})")
+
+
+def _hub_revision(repo: str) -> str | None:
+    """The snapshot (commit) of ``repo`` that `kernels` imported, read from a loaded module's path in the HF cache."""
+    org, _, name = repo.partition("/")
+    for module in list(sys.modules.values()):
+        match = _HUB_SNAPSHOT.search(str(getattr(module, "__file__", "") or ""))
+        if match and (match["org"], match["name"]) == (org, name):
+            return match["rev"]
+    return None
+
+
+def kernel_source(effective: str, config_attn_implementation: str | None, device: str) -> dict[str, str | None] | None:
+    """Where the kernel of a loaded FlashAttention (or Hub kernel) came from: ``origin`` package | hub | npu,
+    ``detail`` (``flash_attn 2.8.3``, ``kernels-community/flash-attn2@<revision>``); None for another one."""
+    loaded = config_attn_implementation or effective
+    if is_hub_kernel(loaded):  # asked for, or swapped in by transformers when flash-attn is missing
+        repo = loaded.split("|")[-1].split(":")[0].split("@")[0].strip()
+        revision = _hub_revision(repo)
+        return {"origin": "hub", "repo": repo, "revision": revision, "detail": f"{repo}@{revision or 'unknown revision'}"}
+    base = base_impl(effective)
+    if base not in HUB_FLASH_KERNELS:
+        return None
+    if device == "npu" and base == "flash_attention_2":
+        return {"origin": "npu", "repo": None, "revision": None, "detail": "torch_npu fusion attention"}
+    package = {"flash_attention_2": ("flash_attn", ("flash-attn", "flash_attn")),
+               "flash_attention_3": ("flash_attn_3", ("flash-attn-3", "flash_attn_3"))}.get(base)
+    if package is None:
+        return {"origin": "package", "repo": None, "revision": None, "detail": base}
+    version = next((v for v in (_dist_version(d) for d in package[1]) if v), None)
+    return {"origin": "package", "repo": None, "revision": version, "detail": f"{package[0]} {version or '?'}"}
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -91,6 +91,7 @@ def attention_payload(report: dict[str, Any], predicted: RoleResolution) -> dict
         "predicted": predicted.effective,
         "effective": report["effective"],
         "config_attn_implementation": report["config_attn_implementation"],
+        "kernel_source": report.get("kernel_source"),  # where a FlashAttention kernel came from (package, Hub, NPU)
         "observed": report["observed"],
         "calls": report["calls"],
         "wrappers": report.get("wrappers", {}),

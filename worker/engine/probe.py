@@ -16,7 +16,7 @@ from typing import Any
 PROBED_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flex_attention")
 ENVIRONMENT_KEYS = ("device", "compute_capability", "gpu_name", "torch_version", "transformers_version",
                     "flash_attn_version", "flash_attn_3_version", "kernels_installed", "cuda_version", "driver_version",
-                    "kernels_version", "sdpa_backends")
+                    "kernels_version", "sdpa_backends", "hub_reachable")
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math")
 
 
@@ -42,6 +42,28 @@ def _driver_version() -> str | None:
         return None
     first = out.strip().splitlines()
     return first[0].strip() if first else None
+
+
+HUB_TIMEOUT_S = 3.0
+
+
+def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
+    """Whether this node can reach the Hugging Face Hub, where `kernels` fetches a FlashAttention kernel when
+    flash-attn is not installed: False under ``HF_HUB_OFFLINE``, else a TCP connection to the Hub's host
+    (``HF_ENDPOINT``, default huggingface.co) within ``timeout_s``."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def _device_facts() -> dict[str, Any]:
@@ -135,6 +157,7 @@ def probe_environment(model_folder: str | Path | None = None) -> dict[str, Any]:
         "flash_attn_3_version": _version("flash-attn-3") or _version("flash_attn_3"),
         "kernels_installed": _version("kernels") is not None,
         "kernels_version": _version("kernels"),
+        "hub_reachable": hub_reachable(),
         **facts,
         "sdpa_backends": [name for name, b in backends.items() if b["enabled"] and b["runs"]],
         "sdpa_backend_checks": backends,

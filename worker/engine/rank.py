@@ -26,7 +26,7 @@ from worker.attention.availability import Context, Unavailable, unavailable
 from worker.core.environment import Environment
 from worker.engine import compute, models, ulysses
 from worker.engine.dispatch import Dispatch, Mesh, register
-from worker.engine.observe import observe_attention
+from worker.engine.observe import kernel_source, observe_attention
 from worker.troubleshoot.classify import EnvFacts, ErrorInfo, classify
 
 ROLES_LOADED = ("actor", "reference", "critic")
@@ -293,6 +293,12 @@ class RankWorker:
 
         return probe_environment(model_folder)
 
+    def parity_check(self, folder: str, implementations: list[str], dtype: str) -> Any:
+        """The trial's logit parity (``worker.engine.parity.parity_check``) on this rank's device -> ``Parity``."""
+        from worker.engine.parity import parity_check
+
+        return parity_check(folder, implementations, device=self.device, dtype=dtype)
+
     # ---- loading
 
     @register(Dispatch.ONE_TO_ALL)
@@ -346,6 +352,7 @@ class RankWorker:
             report = {
                 "role": p.role, "rank": self.rank, "requested": p.requested, "effective": impl,
                 "config_attn_implementation": module.config._attn_implementation,
+                "kernel_source": kernel_source(impl, module.config._attn_implementation, str(self.device)),
                 **seen, "compute_dtype": p.compute_dtype, "weights_dtype": p.weights_dtype,
                 "forced": p.forced, "fallback": impl != p.candidates[0], "reasons": p.reasons,
                 "attempts": attempts, "strategy": p.strategy, "sp": p.sp,

@@ -31,7 +31,6 @@ import ray
 
 from worker.core.contract import NAMESPACE
 from worker.core.resources import DEVICES, Cluster, rank_cpus, rank_resources
-from worker.engine.rank import RankWorker
 
 log = logging.getLogger("attnboard.engine.ranks")
 
@@ -62,6 +61,8 @@ def rank_env(device: str, cpus: int) -> dict[str, str]:
 def start_rank(device: str, rank: int = 0, world: int = 1, run_id: str = "", *, cpus: int = 1, **options: Any) -> Any:
     """A new rank actor asking Ray for its resources (``rank_resources``) and running ``cpus`` torch threads;
     ``options`` add e.g. a name."""
+    from worker.engine.rank import RankWorker  # torch: imported where a rank starts, so the pool's users need none
+
     env = rank_env(device, cpus)
     if env:
         options["runtime_env"] = {"env_vars": env}

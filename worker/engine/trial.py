@@ -14,15 +14,16 @@ and hardware before fixing the configuration". ``run_trial`` does exactly that:
    eager included, runs the same mixed-length batch twice, left-padded (like rollout) and packed into one
    row with ``position_ids`` and no mask (``use_remove_padding``, as the engine trains), and reports the
    largest absolute logit difference from eager's padded logits over the real positions of either case;
-   the tolerance follows the dtype (``parity_tolerance``). It also times a forward of each case (tokens/s
-   of real tokens) and every column carries the preview's ``remove-padding-cost`` sentence for its
-   implementation, so the trial says what remove-padding does to each implementation's cost.
+   the tolerance follows the dtype (``worker.engine.parity``; in the engine host's trial job it runs on a
+   rank, ``worker.engine.trial_job``). It also times a forward of each case (tokens/s of real tokens) and
+   every column carries the preview's ``remove-padding-cost`` sentence for its implementation, so the trial
+   says what remove-padding does to each implementation's cost.
 4. ``recommend`` picks the fastest implementation whose parity is within tolerance and says why, naming
    the figures; when the fastest two differ by less than the noise it says so and breaks the tie on
    memory, then on the fallback chain's order (``worker.attention.availability.chain_position``: flash_attention_2,
    sdpa, eager).
 
-Pure parts (``trial_spec``, ``figures_from_events``, ``summarize``, ``recommend``) are free of I/O; the
+Pure parts (``trial_spec``, ``figures_from_events``, ``summarize``, ``recommend``, ``outcome``) are free of I/O; the
 orchestration at the bottom needs Ray initialised (``run_spec`` schedules rank actors). No app import.
 """
 
@@ -38,18 +39,10 @@ from worker.attention.availability import ModelSupport, Rule, chain_position
 from worker.attention.packing import remove_padding_cost
 from worker.attention.resolution import Status, resolve
 from worker.core.environment import Environment
-from worker.core.implementations import VALID_DESCRIPTION, Impl, is_valid_name
+from worker.core.implementations import VALID_DESCRIPTION, is_valid_name
+from worker.engine.parity import PARITY_REFERENCE, TOLERANCE_FP32, Parity, parity_batch, parity_check
 from worker.spec import RunSpec, parse_spec, unflatten
 
-PARITY_REFERENCE = Impl.eager.value
-TOLERANCE_FP32 = 1e-4
-"""Max absolute logit difference from eager accepted in fp32 (observed on the tiny models: < 1e-6)."""
-PARITY_ULPS = 32
-"""In bf16/fp16, differences up to this many units of the dtype's precision at the logits' scale are
-rounding (two kernels sum in another order; the tiny models differ by 1 ulp), while a broken kernel (a
-mask ignored, heads mixed up) is off by the order of the logits themselves."""
-EPSILON: dict[str, float] = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
-"""``torch.finfo(dtype).eps`` of the compute dtypes a spec can name."""
 NOISE_FLOOR = 0.05
 """Step times closer than 5% (or than the steps' own spread, if larger) are within noise."""
 MEMORY_MARGIN = 0.05
@@ -276,105 +269,17 @@ def recommend(columns: Sequence[Column], tolerance: float = TOLERANCE_FP32) -> R
                           within_noise=True)
 
 
-# --------------------------------------------------------------------------------------------
-# Numerical parity (real models)
-
-
-def parity_batch(vocab_size: int, *, batch: int = 4, length: int = 32, seed: int = 0):
-    """A fixed batch: ``(input_ids, attention_mask)``, rows left-padded by 0, 3, 6, ... tokens as in rollout."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, max(vocab_size, 5), (batch, length), generator=gen)  # (B, T), no special ids
-    mask = torch.ones(batch, length, dtype=torch.long)  # (B, T)
-    for row in range(batch):
-        pad = min(3 * row, length - 1)
-        mask[row, :pad] = 0
-        ids[row, :pad] = 0
-    return ids, mask
-
-
-def parity_tolerance(dtype: str, scale: float) -> float:
-    """The largest logit difference from eager that counts as rounding: ``TOLERANCE_FP32`` in fp32, else
-    ``PARITY_ULPS`` ulps of ``dtype`` at ``scale`` (the reference's largest absolute logit, at least 1)."""
-    if dtype == "float32":
-        return TOLERANCE_FP32
-    return PARITY_ULPS * EPSILON[dtype] * max(1.0, scale)
-
-
-@dataclass(frozen=True)
-class Parity:
-    """Per implementation the max absolute logit difference from eager over both cases (padded and packed),
-    or ``"Type: message"`` when it could not load; in ``dtype``, with the tolerance that applies there.
-    ``packed``: the packed case's difference alone; ``speed``: tokens/s of a forward per case."""
-
-    differences: dict[str, float | str]
-    dtype: str
-    tolerance: float
-    packed: dict[str, float] = field(default_factory=dict)
-    speed: dict[str, dict[str, float]] = field(default_factory=dict)  # impl -> {"padded": t/s, "packed": t/s}
-
-
-def packed_inputs(ids, mask):
-    """A left-padded (B, T) batch -> (input_ids (1, K), position_ids (1, K)) of its K real tokens packed in
-    one row, positions restarting at 0 per row: what ``use_remove_padding`` gives the model."""
-    import torch
-
-    valid = mask.bool()
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    return ids[valid][None], positions[valid][None].to(torch.long)
-
-
-def _timed(forward: Callable[[], Any], repeats: int = 3) -> tuple[Any, float]:
-    """(the last result, the median seconds of ``repeats`` calls after one warm-up)."""
-    import time
-
-    out = forward()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = forward()
-        times.append(time.perf_counter() - start)
-    return out, statistics.median(times)
-
-
-def parity_check(folder: Path | str, implementations: Sequence[str], *, device: str = "cpu", dtype: str = "float32",
-                 batch: int = 4, length: int = 32, seed: int = 0) -> Parity:
-    """Max absolute logit difference from eager's padded logits on the same weights and mixed-length batch,
-    padded and packed (``packed_inputs``), every model (eager too) loaded in ``dtype`` (a torch dtype name),
-    over the real positions; and the tokens/s of a forward in each case."""
-    import torch
-
-    from worker.engine import models
-
-    def logits(impl: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        config = models.build_config(folder, {}, impl)  # fresh per attempt: a failed load mutates its config
-        model = models.load_causal_lm(folder, config, dtype=getattr(torch, dtype)).to(device).eval()
-        ids, mask = (t.to(device) for t in parity_batch(config.vocab_size, batch=batch, length=length, seed=seed))
-        packed_ids, positions = packed_inputs(ids, mask)
-        tokens = int(mask.sum())
-        with torch.no_grad():
-            padded, padded_s = _timed(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False).logits)  # (B, T, V)
-            # use_cache=False as the engine trains: with a cache transformers skips the packed-sequence mask
-            packed, packed_s = _timed(lambda: model(input_ids=packed_ids, position_ids=positions,
-                                                    use_cache=False).logits)  # (1, K, V)
-        speed = {"padded": tokens / padded_s, "packed": tokens / packed_s}
-        return padded.float()[mask.bool()].cpu(), packed.float()[0].cpu(), speed  # (real tokens, V) each
-
-    reference, reference_packed, reference_speed = logits(PARITY_REFERENCE)
-    out: dict[str, float | str] = {}
-    packed: dict[str, float] = {}
-    speed: dict[str, dict[str, float]] = {}
-    for impl in dict.fromkeys(implementations):
-        try:
-            padded_logits, packed_logits, speed[impl] = ((reference, reference_packed, reference_speed)
-                                                         if impl == PARITY_REFERENCE else logits(impl))
-        except Exception as exc:
-            out[impl] = f"{type(exc).__name__}: {exc}"
-            continue
-        packed[impl] = float((packed_logits - reference).abs().max())
-        out[impl] = max(float((padded_logits - reference).abs().max()), packed[impl])
-    return Parity(out, dtype, parity_tolerance(dtype, float(reference.abs().max())), packed, speed)
+def outcome(columns: Sequence[Column]) -> tuple[str, str]:
+    """How a finished trial ends: ``("succeeded" | "failed", why)``. Failed when no implementation completed
+    (each one's status and reason named); else succeeded, naming those that completed and why the others
+    did not."""
+    completed = [c.implementation for c in columns if c.status == "ok"]
+    others = "; ".join(f"{c.implementation} {c.status}: {c.reason or 'no reason given'}" for c in columns
+                       if c.status != "ok")
+    if not completed:
+        return "failed", f"no implementation completed the trial ({others or 'none was asked for'})"
+    done = f"{', '.join(completed)} completed"
+    return "succeeded", f"{done}; {others}" if others else done
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,6 +287,8 @@ def parity_check(folder: Path | str, implementations: Sequence[str], *, device: 
 
 Runner = Callable[..., str]
 """``run_spec``'s signature: ``(spec, *, run_id, on_event, model_roots, cache_dir) -> final state``."""
+ParityCheck = Callable[..., Parity]
+"""``parity_check``'s signature: ``(folder, implementations, *, device, dtype) -> Parity``."""
 
 
 def _observed(events: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
@@ -405,8 +312,10 @@ def run_trial(
     cache_dir: Path | str | None = None,
     tolerance: float | None = None,
     run: Runner | None = None,
+    parity: ParityCheck = parity_check,
     on_column: Callable[[Column], None] | None = None,
     trial_id: str = "trial",
+    done: Sequence[Column] = (),
 ) -> TrialResult:
     """Run ``steps`` PPO steps of ``spec`` per implementation, check parity with eager, recommend one.
 
@@ -414,7 +323,9 @@ def run_trial(
     (``parity_tolerance``).
 
     Ray must be initialised (the engine schedules one actor per rank). ``run`` defaults to
-    ``worker.engine.run_spec``; ``on_column`` sees each column as soon as it is measured.
+    ``worker.engine.run_spec``; ``parity`` runs the parity check (in this process by default; the engine
+    host's trial job runs it on a rank); ``on_column`` sees each column as soon as it is measured;
+    ``done``: columns measured before (by a host that died since), kept as they are and not run again.
     """
     from worker.engine import models
 
@@ -432,7 +343,11 @@ def run_trial(
         critic_support = ModelSupport(**models.architecture_support(critic_folder))
 
     columns: list[Column] = []
+    kept = {c.implementation: c for c in done}
     for impl in dict.fromkeys(implementations):
+        if impl in kept:
+            columns.append(kept[impl])
+            continue
         column = _measure(base, impl, steps, env, run=run, roots=roots, cache_dir=cache_dir,
                           actor_support=actor_support, critic_support=critic_support, run_id=f"{trial_id}-{impl}")
         columns.append(column)
@@ -441,11 +356,11 @@ def run_trial(
 
     ran = [c.implementation for c in columns if c.status == "ok"]
     compute_dtype = base.precision("actor")[0]
-    parity = parity_check(actor_folder, ran or [PARITY_REFERENCE], device=base.trainer.device, dtype=compute_dtype)
+    result = parity(actor_folder, ran or [PARITY_REFERENCE], device=base.trainer.device, dtype=compute_dtype)
     if tolerance is None:
-        tolerance = parity.tolerance
+        tolerance = result.tolerance
     for column in columns:
-        found = parity.differences.get(column.implementation) if ran else None
+        found = result.differences.get(column.implementation) if ran else None
         if isinstance(found, float):
             column.parity_max_abs_diff = found
             column.parity_ok = found <= tolerance

@@ -11,10 +11,9 @@ from typing import Literal
 
 import yaml
 
-from worker.interop.verl import ImportResult, VerlImportError, import_command, import_yaml
+from worker.interop.verl import MAX_INPUT_BYTES, ImportResult, VerlImportError, import_command, import_yaml
 
 Format = Literal["cli", "yaml"]
-MAX_SPEC_BYTES = 1_000_000
 
 _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
@@ -38,8 +37,8 @@ def detect_format(text: str) -> Format:
 
 def load_spec_text(text: str, fmt: Literal["cli", "yaml", "auto"] = "auto") -> ImportResult:
     """Text -> ImportResult (spec, warnings, overrides); VerlImportError names the token and position."""
-    if len(text.encode("utf-8", errors="surrogatepass")) > MAX_SPEC_BYTES:
-        raise VerlImportError(f"spec text is larger than {MAX_SPEC_BYTES} bytes", text[:40], 0)
+    if len(text.encode("utf-8", errors="surrogatepass")) > MAX_INPUT_BYTES:
+        raise VerlImportError(f"spec text is larger than {MAX_INPUT_BYTES} bytes", text[:40], 0)
     chosen = detect_format(text) if fmt == "auto" else fmt
     return import_command(text) if chosen == "cli" else import_yaml(text)
 
@@ -49,8 +48,8 @@ def load_spec_file(path: str | Path, fmt: Literal["cli", "yaml", "auto"] = "auto
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"spec file {str(p)!r} does not exist or is not a file")
-    if p.stat().st_size > MAX_SPEC_BYTES:
-        raise VerlImportError(f"spec file {str(p)!r} is larger than {MAX_SPEC_BYTES} bytes", str(p), 0)
+    if p.stat().st_size > MAX_INPUT_BYTES:
+        raise VerlImportError(f"spec file {str(p)!r} is larger than {MAX_INPUT_BYTES} bytes", str(p), 0)
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

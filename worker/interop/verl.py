@@ -55,6 +55,15 @@ from worker.spec import (
     typed_like_verl,
     unflatten,
 )
+from worker.spec.engines import (
+    ENGINE_STRATEGY,
+    MODEL_ENGINE_KEY,
+    RETIRED_CONFIGS,
+    ModelEngine,
+    group_message,
+    key_outside_engine,
+    retired_message,
+)
 from worker.spec.verl_defaults import MANDATORY, VERL_DEFAULTS, VERL_VERSION
 
 MAX_INPUT_BYTES = 1_000_000
@@ -132,8 +141,12 @@ class VerlImportError(ValueError):
 
 
 MEGATRON_MESSAGE = (
-    "verl's Megatron backend ({what}) is not supported: attnboard imports verl's FSDP trainer "
-    "(verl.trainer.main_ppo with its ppo_trainer config; strategy fsdp, fsdp2 or fsdp_turbo)"
+    "{what} without model_engine={engine}: verl {version} chooses its {engine} engine with the model_engine config "
+    "group (the strategy alone keeps dp's FSDP sections); add model_engine={engine}"
+)
+RETIRED_CONFIG_WARNING = (
+    "--config-name={name} is retired in verl {version} (the file says \"[Deprecated] ... please use ppo_trainer.yaml "
+    "instead\"): read as ppo_trainer with model_engine={engine}"
 )
 ENTRY_MESSAGE = (
     "entry point {entry} is not supported: attnboard imports verl.trainer.main_ppo commands (verl's PPO trainer "
@@ -610,19 +623,24 @@ def _restore(value: Any, tokens: dict[str, str]) -> Any:
     return value
 
 
-def _hydra_option(text: str, words: list[Word], k: int, word: Word, warnings: list[str]) -> int:
+def _hydra_option(text: str, words: list[Word], k: int, word: Word, warnings: list[str],
+                  overrides: list[Override]) -> int:
     """A ``--option`` on verl's command line: Hydra's config options are checked (only verl's
-    ppo_trainer config is read), the others refused. Returns the index of the next word."""
+    ppo_trainer config is read, and the retired ``ppo_megatron_trainer``, which is ppo_trainer with
+    ``model_engine=megatron``), the others refused. Returns the index of the next word."""
     name, eq, value = text.partition("=")
     if name in ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd"):
         if not eq and k < len(words):
             value = words[k].text
             k += 1
         if name in ("--config-name", "-cn"):
-            base = value.rsplit("/", 1)[-1]
-            if "megatron" in base:
-                raise VerlImportError(MEGATRON_MESSAGE.format(what=f"{name}={value}"), word.raw, word.position)
-            if base not in PPO_CONFIG_NAMES:
+            base = value.rsplit("/", 1)[-1].removesuffix(".yaml")
+            if base in RETIRED_CONFIGS:
+                engine = RETIRED_CONFIGS[base]
+                warnings.append(RETIRED_CONFIG_WARNING.format(name=value, version=VERL_VERSION, engine=engine))
+                overrides.append(Override("set", MODEL_ENGINE_KEY, engine, engine, word))
+                return k
+            if base + ".yaml" not in PPO_CONFIG_NAMES:
                 raise VerlImportError(
                     f"{name}={value}: a config of your own is a file the import does not read; import that YAML "
                     "file itself, or give its keys on the command line", word.raw, word.position)
@@ -650,7 +668,7 @@ def _parse_override_words(words: list[Word], warnings: list[str]) -> list[Overri
             warnings.append(f"skipped placeholder {' '.join(dict.fromkeys(parts))}")
             continue
         if text.startswith("-"):
-            k = _hydra_option(word.text, words, k, word, warnings)
+            k = _hydra_option(word.text, words, k, word, warnings, overrides)
             continue
         op: Op
         if text.startswith("~"):
@@ -672,16 +690,12 @@ def _parse_override_words(words: list[Word], warnings: list[str]) -> list[Overri
         if not _KEY.match(key):
             raise VerlImportError(f"invalid key {key!r}: expected dotted names such as data.train_batch_size",
                                   word.raw, word.position)
-        if f".{key}.".count(".megatron.") or key.startswith("megatron."):
-            raise VerlImportError(MEGATRON_MESSAGE.format(what=key), word.raw, word.position)
         value: Any = None
         if eq:
             try:
                 value = _restore(parse_hydra_value(raw_value), tokens)
             except ValueError as exc:
                 raise VerlImportError(f"{key}: {_restore(str(exc), tokens)}", word.raw, word.position) from None
-            if key in _STRATEGY_KEYS and value == "megatron":
-                raise VerlImportError(MEGATRON_MESSAGE.format(what=f"{key}=megatron"), word.raw, word.position)
         overrides.append(Override(op, key, value, _restore(raw_value, tokens) if eq else None, word))
     return overrides
 
@@ -736,6 +750,9 @@ writes it unescaped, so verl reads it as its own default and a spec at verl's de
 
 
 def _unknown_key_message(key: str) -> str:
+    retired = retired_message(key) or group_message(key)
+    if retired:
+        return f"unknown key {key}: {retired}"
     near = nearest_key(key) or nearest_verl_key(key)
     hint = f"; did you mean {near}?" if near else ""
     return (f"unknown key {key}: neither attnboard nor verl {VERL_VERSION} has it{hint} (write +{key}=... to add "
@@ -757,6 +774,13 @@ class _State:
     """Keys of verl's config that attnboard does not model (and ``+`` keys verl's config lacks, with their
     ``+``): passed through to verl, not run by attnboard."""
     warnings: list[str] = field(default_factory=list)
+    engine_strategies: dict[str, tuple[str, Word]] = field(default_factory=dict)
+    """``strategy`` keys set to a non-dp engine's own strategy (``megatron``): checked against ``model_engine``."""
+    added_plus: set[str] = field(default_factory=set)
+    """Pass-through keys a command line added with ``+`` that some engine's config has: Hydra rejects the ``+``
+    under an engine whose config has the key."""
+    set_bare: set[str] = field(default_factory=set)
+    """Pass-through keys a command line set without ``+``: Hydra refuses those the chosen engine's config lacks."""
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:
@@ -792,6 +816,9 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
     key = SPEC_NAMES.get(key, key)
     kind = classify_key(key)
     given = _Given(override.value, override.raw_value, override.word)
+    if key in _STRATEGY_KEYS and override.value in ENGINE_STRATEGY.values():
+        state.engine_strategies[key] = (override.value, override.word)
+        return
     if kind == "section":
         if override.op == "delete":
             for table in (state.given, state.passthrough):
@@ -818,7 +845,7 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
     if kind in ("verl", "hydra", "unknown"):
         stored = ("+" if needs_plus(key) else "") + key
         if command_line and override.op == "add" and not needs_plus(key):
-            state.warn(f"verl rejects +{key}: the key exists in its default config; write {key}= or ++{key}=")
+            state.added_plus.add(key)  # whether verl rejects the + depends on model_engine: checked at the end
         if command_line and override.op == "set" and needs_plus(key):
             state.warn(f"verl needs +{key}: the key is not in its default config; the export adds the +")
         if override.op == "delete":
@@ -828,10 +855,12 @@ def _apply(state: _State, override: Override, *, command_line: bool) -> None:
         if kind == "verl":
             given = _Given(typed_like_verl(key, override.value, override.raw_value), override.raw_value,
                            override.word)
+            if command_line and override.op == "set":
+                state.set_bare.add(key)
         _assign(state.passthrough, stored, given)
         return
     if command_line:
-        in_verl = override.key in VERL_DEFAULTS
+        in_verl = not needs_plus(override.key)
         if override.op == "set" and not in_verl:
             state.warn(f"verl needs +{key}: the key is not in its default config; the export adds the +")
         if override.op == "add" and in_verl:
@@ -910,8 +939,28 @@ def _resolved(state: _State, table: dict[str, _Given]) -> dict[str, Any]:
     return out
 
 
+def _check_engine_strategies(state: _State, engine: str) -> None:
+    """``strategy=megatron`` (veomni, ...) is that engine's own value under its ``model_engine``, where the export
+    keeps it through ``model_engine``; without it verl keeps dp's sections (refused, naming the fix)."""
+    for key, (value, word) in state.engine_strategies.items():
+        if ENGINE_STRATEGY.get(engine) != value:
+            engine_name = next(e for e, s in ENGINE_STRATEGY.items() if s == value)
+            raise VerlImportError(MEGATRON_MESSAGE.format(what=f"{key}={value}", engine=engine_name, version=VERL_VERSION),
+                                  word.raw, word.position)
+        state.warn(f"{key}={value} is model_engine={engine}'s own default: kept through model_engine")
+    for key in sorted(state.added_plus):
+        if not needs_plus(key, engine):
+            state.warn(f"verl rejects +{key}: the key exists in its default config; write {key}= or ++{key}=")
+    for key in state.set_bare & set(state.passthrough):
+        outside = key_outside_engine(key, engine)
+        if outside:
+            word = state.passthrough[key].word
+            raise VerlImportError(outside, word.raw, word.position)
+
+
 def _finish(state: _State, source_text: str) -> ImportResult:
     flat = _resolved(state, state.given)
+    _check_engine_strategies(state, str(flat.get(MODEL_ENGINE_KEY, ModelEngine.dp.value)))
     for key, value in flat.items():
         raw = state.given[key].raw
         if key in _STRING_KEYS and isinstance(value, (bool, int, float)):
@@ -934,6 +983,10 @@ def _finish(state: _State, source_text: str) -> ImportResult:
         state.warn(HF_ROLLOUT_WARNING if name == "hf" else engine_rollout_warning(name))
     if spec.verl_passthrough:
         state.warn(f"{PASSTHROUGH_NOTE}: {', '.join(spec.verl_passthrough)}")
+    for key in spec.verl_passthrough:
+        retired = retired_message(key.lstrip("+"))
+        if retired:
+            state.warn(retired)
     return ImportResult(spec=spec, warnings=state.warnings, overrides=flat)
 
 
@@ -1097,6 +1150,12 @@ def import_yaml(text: str) -> ImportResult:
             names = loader.construct_object(value_node, deep=True)
             if not (isinstance(names, list) and "ppo_trainer" in names):
                 state.warn("ignored: the defaults list; keys are read against verl's ppo_trainer defaults")
+            for entry in names if isinstance(names, list) else []:
+                group = {k.removeprefix("override ").strip(): v for k, v in entry.items()} if isinstance(entry, dict) else {}
+                if MODEL_ENGINE_KEY in group:
+                    _apply(state, Override("set", MODEL_ENGINE_KEY, group[MODEL_ENGINE_KEY], None,
+                                           Word(key_node.value, key_node.value, key_node.start_mark.index)),
+                           command_line=False)
             continue
         body.append((key_node, value_node))
     root.value = body
@@ -1203,7 +1262,7 @@ def export_command(spec: RunSpec, *, entrypoint: str = DEFAULT_ENTRYPOINT, full:
         if not _KEY.match(bare):
             warnings.append(f"skipped {key}: not a dotted key Hydra can read")
             continue
-        plus = "+" if key.startswith("+") or (bare not in VERL_DEFAULTS and classify_key(bare) != "hydra") else ""
+        plus = "+" if key.startswith("+") or needs_plus(bare, spec.model_engine) else ""
         lines.append("    " + shlex.quote(f"{plus}{bare}={text}"))
     warnings = _export_warnings(spec, [k for k, _ in items]) + warnings
     return ExportResult(text=" \\\n".join(lines) + "\n", warnings=warnings)
@@ -1233,9 +1292,11 @@ def export_yaml(spec: RunSpec, *, full: bool = True) -> ExportResult:
     tree = unflatten({k.lstrip("+"): _Unescaped(v) if k in KEPT_INTERPOLATIONS and v == KEPT_INTERPOLATIONS[k] else v
                       for k, v in items})
     keys = [k for k, _ in items]
+    engine = tree.pop(MODEL_ENGINE_KEY, ModelEngine.dp.value)
     document = {
         "hydra": {**_VERL_SEARCHPATH, **_tree_for_yaml(tree.pop("hydra", {}))},
-        "defaults": ["ppo_trainer", "_self_"],
+        "defaults": ["ppo_trainer", *([{f"override {MODEL_ENGINE_KEY}": engine}] if engine != ModelEngine.dp.value else []),
+                     "_self_"],
         **_tree_for_yaml(tree),
     }
     text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)

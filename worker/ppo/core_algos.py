@@ -1,6 +1,7 @@
 """PPO math: small pure tensor functions, in verl's vocabulary (``verl/trainer/ppo/core_algos.py``).
 
-No I/O, no distributed calls, no module state other than the two registries. Shapes:
+No I/O, no distributed calls, no module state other than the KL estimators' table. The advantage
+estimators and their registry are in ``worker.ppo.advantage``. Shapes:
 
 - ``B``  rows of the batch (prompt x sample), ``T`` response tokens (right-padded), ``V`` vocabulary.
 - ``response_mask`` (B, T): 1 for a generated token up to and including EOS, 0 for padding.
@@ -9,18 +10,16 @@ Losses return ``(loss, metrics)``: ``loss`` a 0-d tensor that carries the gradie
 Python floats namespaced by role (``actor/pg_clipfrac``, ``critic/vf_loss``). Loss aggregation is
 token-mean: every unmasked token of the batch weighs the same (verl's ``loss_agg_mode="token-mean"``).
 
-References: PPO (Schulman et al. 2017, arXiv:1707.06347), GAE (Schulman et al. 2015, arXiv:1506.02438),
-GRPO (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300), KL estimators http://joschu.net/blog/kl-approx.html.
+References: PPO (Schulman et al. 2017, arXiv:1707.06347), KL estimators http://joschu.net/blog/kl-approx.html.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import torch
 
-from worker.core.vocabulary import AdvEstimator, KLType
+from worker.core.vocabulary import KLType
 
 # --------------------------------------------------------------------------------------------
 # Masked statistics
@@ -70,134 +69,6 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
 def agg_loss(loss_mat: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Token-mean aggregation: the mean of ``loss_mat`` (B, T) over every unmasked token -> 0-d."""
     return masked_mean(loss_mat, response_mask)
-
-
-# --------------------------------------------------------------------------------------------
-# Advantage estimators: a registry keyed by AdvEstimator, filled by a decorator
-
-AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADV_ESTIMATORS: dict[AdvEstimator, AdvantageFn] = {}
-
-
-def register_adv_est(name: AdvEstimator | str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Register an advantage estimator under ``name``; registering a name twice raises."""
-    key = _adv_key(name)
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if key in ADV_ESTIMATORS:
-            raise ValueError(f"advantage estimator {key.value!r} is already registered "
-                             f"({ADV_ESTIMATORS[key].__qualname__})")
-        ADV_ESTIMATORS[key] = fn
-        return fn
-
-    return decorator
-
-
-def get_adv_estimator_fn(name: AdvEstimator | str) -> AdvantageFn:
-    """The estimator registered under ``name``; an unknown name lists the registered ones."""
-    key = _adv_key(name)
-    if key not in ADV_ESTIMATORS:
-        raise ValueError(f"algorithm.adv_estimator {key.value!r} has no implementation; "
-                         f"valid: {', '.join(sorted(k.value for k in ADV_ESTIMATORS))}")
-    return ADV_ESTIMATORS[key]
-
-
-def _adv_key(name: AdvEstimator | str) -> AdvEstimator:
-    try:
-        return AdvEstimator(name)
-    except ValueError:
-        raise ValueError(f"algorithm.adv_estimator {name!r} is unknown; "
-                         f"valid: {', '.join(e.value for e in AdvEstimator)}") from None
-
-
-@register_adv_est(AdvEstimator.gae)
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float,
-    lam: float,
-    *,
-    whiten: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (GAE), verl's formulation.
-
-    token_level_rewards, values, response_mask: (B, T) -> advantages, returns: (B, T).
-
-        delta_t = r_t + gamma * V_{t+1} - V_t
-        A_t     = delta_t + gamma * lam * A_{t+1}
-        R_t     = A_t + V_t            (the critic's target, before whitening)
-
-    Masked positions are skipped: the next value and the running advantage carry over them, so a
-    position after the last response token bootstraps from 0. ``whiten`` (verl always does) whitens the
-    advantages over the masked tokens of the whole batch; the returns are never whitened.
-    """
-    with torch.no_grad():
-        B, T = token_level_rewards.shape
-        mask = response_mask.to(values.dtype)
-        next_values = torch.zeros(B, dtype=values.dtype, device=values.device)  # (B,)
-        last_gae_lam = torch.zeros(B, dtype=values.dtype, device=values.device)  # (B,)
-        advantages_reversed = []
-        for t in reversed(range(T)):
-            delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]  # (B,)
-            gae_t = delta + gamma * lam * last_gae_lam  # (B,)
-            # skip values and TD errors on masked positions: carry the previous ones over them
-            next_values = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_values
-            last_gae_lam = gae_t * mask[:, t] + (1 - mask[:, t]) * last_gae_lam
-            advantages_reversed.append(last_gae_lam)
-        advantages = torch.stack(advantages_reversed[::-1], dim=1)  # (B, T)
-        returns = advantages + values  # (B, T)
-        if whiten:
-            advantages = masked_whiten(advantages, response_mask)
-    return advantages, returns
-
-
-@register_adv_est(AdvEstimator.grpo)
-def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Sequence[Hashable] | torch.Tensor,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO outcome advantage: each row's total reward normalised within its group.
-
-    token_level_rewards, response_mask: (B, T); index: (B,) group id per row (the prompt's uid)
-    -> advantages, returns: (B, T), equal, the row's scalar broadcast over its response tokens.
-
-        s_i = sum_t r_{i,t};   A_i = (s_i - mean_g s) / (std_g s + epsilon)
-
-    std is the unbiased standard deviation of the group. A group of one row has mean 0 and std 1
-    (verl's convention), so its advantage is its own score. ``norm_adv_by_std=False`` gives Dr. GRPO's
-    mean-centred score without the division.
-    """
-    with torch.no_grad():
-        B = token_level_rewards.shape[0]
-        if len(index) != B:
-            raise ValueError(f"index has {len(index)} group ids for {B} rows; give one group id per row")
-        scores = token_level_rewards.sum(dim=-1)  # (B,)
-        group = _group_ids(index, device=scores.device)  # (B,) in [0, G)
-        G = int(group.max().item()) + 1 if B else 0  # number of groups
-        count = torch.zeros(G, dtype=scores.dtype, device=scores.device).scatter_add_(0, group, torch.ones_like(scores))  # (G,)
-        total = torch.zeros(G, dtype=scores.dtype, device=scores.device).scatter_add_(0, group, scores)  # (G,)
-        mean = total / count  # (G,)
-        sq_dev = torch.zeros(G, dtype=scores.dtype, device=scores.device).scatter_add_(0, group, (scores - mean[group]) ** 2)
-        std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))  # (G,) unbiased
-        singleton = count == 1
-        mean = torch.where(singleton, torch.zeros_like(mean), mean)
-        std = torch.where(singleton, torch.ones_like(std), std)
-        centred = scores - mean[group]  # (B,)
-        normalised = centred / (std[group] + epsilon) if norm_adv_by_std else centred
-        advantages = normalised.unsqueeze(-1) * response_mask  # (B, 1) * (B, T) -> (B, T)
-    return advantages, advantages
-
-
-def _group_ids(index: Sequence[Hashable] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Arbitrary hashable group labels (B,) -> dense integer ids (B,) in order of first appearance."""
-    labels = index.tolist() if isinstance(index, torch.Tensor) else list(index)
-    dense: dict[Any, int] = {}
-    ids = [dense.setdefault(label, len(dense)) for label in labels]
-    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 # --------------------------------------------------------------------------------------------

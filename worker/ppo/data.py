@@ -183,14 +183,15 @@ def _check_row(row: dict[str, Any], where: str) -> tuple[list[dict[str, str]], s
             isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
             for m in prompt)):
         raise DataError(f"{where}: column 'prompt' must be a non-empty list of chat messages "
-                        f"{{'role': ..., 'content': ...}}, got {str(prompt)[:120]!r}")
+                        f"{{'role': ..., 'content': ...}}, got a {type(prompt).__name__}")  # no file content in errors
     reward_model = row.get("reward_model")
     truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
     if truth is None:
         raise DataError(f"{where}: reward_model.ground_truth is missing")
     source = row.get("data_source")
     if not isinstance(source, str) or not source:
-        raise DataError(f"{where}: column 'data_source' must be a non-empty string, got {source!r}")
+        raise DataError(f"{where}: column 'data_source' must be a non-empty string, got "
+                        f"{'an empty string' if source == '' else 'a ' + type(source).__name__}")
     return prompt, source, str(truth)
 
 
@@ -228,7 +229,7 @@ def load_prompts(
         if len(ids) > max_prompt_length:
             if truncation == "error":
                 raise DataError(f"{where}: the prompt is {len(ids)} tokens, longer than data.max_prompt_length "
-                                f"({max_prompt_length}): {text[:80]!r}; raise data.max_prompt_length or "
+                                f"({max_prompt_length}); raise data.max_prompt_length or "
                                 f"shorten the prompt")
             ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
         out.append(PromptRow(prompt_text=text, prompt_ids=ids, data_source=source, ground_truth=truth))

@@ -6,7 +6,6 @@ The package's public names; ``worker.spec.schema`` holds them.
 from worker.spec.schema import (
     ALIASES,
     DEFAULT_LOCAL_DIR,
-    ENGINE_ADV_ESTIMATORS,
     ENGINE_KL_TYPES,
     OPEN_DICT_FIELDS,
     PASSTHROUGH,
@@ -42,7 +41,6 @@ from worker.spec.schema import (
 __all__ = [
     "ALIASES",
     "DEFAULT_LOCAL_DIR",
-    "ENGINE_ADV_ESTIMATORS",
     "ENGINE_KL_TYPES",
     "OPEN_DICT_FIELDS",
     "PASSTHROUGH",

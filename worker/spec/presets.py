@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.ppo import advantage
 from worker.spec import RunSpec, validate_spec
 
 TINY_CPU: dict[str, Any] = {
@@ -59,12 +60,12 @@ def tiny_cpu_spec(**dotted_overrides: Any) -> RunSpec:
 
         tiny_cpu_spec(**{"algorithm.adv_estimator": "grpo", "trainer.total_training_steps": 5})
 
-    An override of ``...override_config`` replaces the whole dict. Without gae there is no critic, so the
-    critic's override_config is left empty unless given. Raises SpecError when the result is
-    not a valid spec (each problem named by its key).
+    An override of ``...override_config`` replaces the whole dict. Without an estimator that reads a critic
+    (gae) there is no critic, so the critic's override_config is left empty unless given. Raises SpecError
+    when the result is not a valid spec (each problem named by its key).
     """
     flat = {**TINY_CPU, **dotted_overrides}
-    if flat["algorithm.adv_estimator"] != "gae" and "critic.model.override_config" not in dotted_overrides:
+    if not advantage.needs_critic(flat["algorithm.adv_estimator"]) and "critic.model.override_config" not in dotted_overrides:
         flat["critic.model.override_config"] = {}  # no critic runs: an override would only draw a warning
     spec, _warnings = validate_spec(flat)
     return spec

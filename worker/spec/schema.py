@@ -23,6 +23,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from worker.core.implementations import BUILTIN_NAMES, VALID_DESCRIPTION, is_valid_name
 from worker.core.pydantic_errors import valid_for
 from worker.core.vocabulary import AdvEstimator, KLType, ModelInfo  # shared with the PPO math and the model readers
+from worker.ppo import advantage
+from worker.spec.engines import (
+    ANY_ENGINE_DEFAULTS,
+    CONFIG_GROUPS,
+    RETIRED,
+    ROLLOUT_MODE_SYNC_ERROR,
+    VERL_CONFIG_ENGINES,
+    ModelEngine,
+    engine_keys,
+    key_outside_engine,
+    retired_message,
+)
 from worker.spec.verl_defaults import VERL_DEFAULTS, VERL_VERSION
 
 # --------------------------------------------------------------------------------------------
@@ -76,8 +88,6 @@ class Strategy(str, Enum):
     fsdp_turbo = "fsdp_turbo"
 
 
-ENGINE_ADV_ESTIMATORS: frozenset[str] = frozenset({AdvEstimator.gae.value, AdvEstimator.grpo.value})
-"""The advantage estimators attnboard's engine implements (``worker.ppo.core_algos.ADV_ESTIMATORS``; a test keeps them equal)."""
 ENGINE_KL_TYPES: frozenset[str] = frozenset(
     k.value for k in (KLType.kl, KLType.abs, KLType.mse, KLType.low_var_kl, KLType.k1, KLType.k2, KLType.k3))
 """The KL estimators attnboard's engine implements (``worker.ppo.core_algos.KL_ESTIMATORS``; a test keeps them equal)."""
@@ -367,6 +377,12 @@ PASSTHROUGH_NOTE = "passed through to verl, not run by attnboard"
 class RunSpec(_Section):
     """A PPO run. Defaults are verl 0.9.1's, so an imported command means what verl would run."""
 
+    model_engine: ModelEngine = Field(
+        ModelEngine.dp,
+        description="verl's training engine (its model_engine config group): dp (FSDP/FSDP2), megatron, torchtitan, "
+                    "veomni, automodel (newer verl). It decides which key chooses attention; attnboard's own engine "
+                    "runs dp semantics.",
+    )
     actor_rollout_ref: ActorRolloutRef = Field(default_factory=ActorRolloutRef)
     critic: CriticSection = Field(default_factory=CriticSection)
     algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
@@ -399,7 +415,8 @@ class RunSpec(_Section):
 
     @property
     def has_critic(self) -> bool:
-        return self.algorithm.adv_estimator == AdvEstimator.gae.value
+        """The estimator reads a critic's values (its registry entry says so; verl's ``need_critic``)."""
+        return advantage.needs_critic(self.algorithm.adv_estimator)
 
     @property
     def actor_sp(self) -> int:
@@ -519,7 +536,7 @@ DOTTED_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*$")
 """A dotted key as Hydra's override grammar reads one."""
 _MODELLED = frozenset(SPEC_KEYS) - frozenset(OPEN_DICT_FIELDS)
 _SECTIONS = frozenset(k.rsplit(".", i)[0] for k in SPEC_KEYS for i in range(1, k.count(".") + 1))
-_VERL_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in VERL_DEFAULTS for i in range(1, k.count(".") + 1))
+_VERL_SECTIONS = frozenset(k.rsplit(".", i)[0] for k in ANY_ENGINE_DEFAULTS for i in range(1, k.count(".") + 1))
 
 KeyKind = Literal["spec", "open", "section", "verl", "hydra", "under_value", "unknown"]
 
@@ -544,13 +561,13 @@ def classify_key(key: str) -> KeyKind:
         return "section"
     if key == "hydra" or key.startswith("hydra."):
         return "hydra"
-    if key in VERL_DEFAULTS:
+    if key in ANY_ENGINE_DEFAULTS:
         return "verl"
     parts = key.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         ancestor = ".".join(parts[:cut])
-        if ancestor in VERL_DEFAULTS:
-            return "verl" if VERL_DEFAULTS[ancestor] in ({}, None) else "under_value"
+        if ancestor in ANY_ENGINE_DEFAULTS:
+            return "verl" if ANY_ENGINE_DEFAULTS[ancestor] in ({}, None) else "under_value"
         if ancestor in _MODELLED:
             return "under_value"
     return "unknown"
@@ -564,6 +581,18 @@ def nearest_verl_key(key: str) -> str | None:
     if not found:
         found = [k for k in candidates if k.rsplit(".", 1)[-1] == leaf][:1]
     return found[0] if found else None
+
+
+MAX_SUGGESTED_KEYS = 20
+"""Unknown keys per spec that get a "did you mean" (string matching costs ~1.7 ms a key); later ones are named
+without one, so a request of thousands of unknown keys costs no more than this many matches."""
+MAX_UNKNOWN_KEYS = 100
+"""Unknown keys per spec named one by one; past this, one issue counts the rest."""
+
+
+def _more_unknown(field: str, count: int) -> Issue:
+    return Issue(field, f"{count} unknown keys", f"{count - MAX_UNKNOWN_KEYS} more unknown keys are not listed "
+                 f"(at most {MAX_UNKNOWN_KEYS} are named one by one)", valid=f"<= {MAX_UNKNOWN_KEYS} unknown keys")
 
 
 MAX_PASSTHROUGH_KEYS = 2000
@@ -613,8 +642,10 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
     lifted: dict[str, Any] = {}
     out: dict[str, Any] = {}
     issues: list[Issue] = []
+    unknown = 0
 
     def add(given: str, value: Any, depth: int) -> None:
+        nonlocal unknown
         where = f"{PASSTHROUGH}.{given}"
         plus = given.startswith("+")
         key = given.lstrip("+")
@@ -642,11 +673,15 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
             issues.append(Issue(where, value, f"{key} lies under a key of verl's config that holds a value, "
                                               "not a section"))
             return
+        if kind == "unknown" and (not plus or key.split(".", 1)[0] == "attnboard"):
+            unknown += 1
+            if unknown > MAX_UNKNOWN_KEYS:
+                return
         if kind == "unknown" and key.split(".", 1)[0] == "attnboard":
-            issues.append(_unknown_key_issue(key, value))
+            issues.append(_unknown_key_issue(key, value, suggest=unknown <= MAX_SUGGESTED_KEYS))
             return
         if kind == "unknown" and not plus:
-            near = nearest_verl_key(key)
+            near = nearest_verl_key(key) if unknown <= MAX_SUGGESTED_KEYS else None
             hint = f"; did you mean {near}?" if near else ""
             issues.append(Issue(where, value, f"unknown key {key}: verl {VERL_VERSION}'s config lacks it; write "
                                               f"+{key} to add it{hint}", valid=near))
@@ -664,19 +699,24 @@ def split_passthrough(raw: Any) -> tuple[dict[str, Any], dict[str, Any], list[Is
             issues.append(Issue(PASSTHROUGH, given, "keys must be strings"))
             continue
         add(given, value, 0)
+    if unknown > MAX_UNKNOWN_KEYS:
+        issues.append(_more_unknown(PASSTHROUGH, unknown))
     return lifted, out, issues
 
 
-def needs_plus(key: str) -> bool:
-    """Whether verl's command line needs ``+key=`` (Hydra's struct mode): the key is not in verl's
-    generated config, nor one of Hydra's own."""
-    return key not in VERL_DEFAULTS and classify_key(key) != "hydra"
+def needs_plus(key: str, engine: str | None = None) -> bool:
+    """Whether verl's command line needs ``+key=`` (Hydra's struct mode): the key is not in verl's config under
+    ``model_engine=engine`` (None: under any engine), nor a config group, nor one of Hydra's own."""
+    if key in CONFIG_GROUPS:
+        return False
+    known = ANY_ENGINE_DEFAULTS if engine is None else engine_keys(engine)
+    return key not in known and classify_key(key) != "hydra"
 
 
 def typed_like_verl(key: str, value: Any, raw: str | None = None) -> Any:
     """A value typed as verl's generated config has ``key``: a string key given a number or a bool
     (``trainer.project_name=2024``) keeps its text (``raw``, the text as written, when there is one)."""
-    if isinstance(VERL_DEFAULTS.get(key), str) and isinstance(value, (bool, int, float)):
+    if isinstance(ANY_ENGINE_DEFAULTS.get(key), str) and isinstance(value, (bool, int, float)):
         if raw is not None:
             return raw.strip()
         return ("true" if value else "false") if isinstance(value, bool) else repr(value)
@@ -712,8 +752,8 @@ def keys_near(key: str) -> list[str]:
     return sorted({k.split(".", 1)[0] for k in SPEC_KEYS})
 
 
-def _unknown_key_issue(key: str, value: Any) -> Issue:
-    near = nearest_key(key)
+def _unknown_key_issue(key: str, value: Any, *, suggest: bool = True) -> Issue:
+    near = nearest_key(key) if suggest else None
     hint = f"; did you mean {near!r}?" if near else ""
     return Issue(key, value, f"unknown key {key!r}{hint}", valid=near or keys_near(key))
 
@@ -793,11 +833,14 @@ def _attention_issues(tree: dict[str, Any]) -> list[Issue]:
 
 def _issues_from_validation(exc: ValidationError) -> list[Issue]:
     issues: list[Issue] = []
+    unknown = 0
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"])
         value = err.get("input")
         if err["type"] == "extra_forbidden":
-            issues.append(_unknown_key_issue(loc, value))
+            unknown += 1
+            if unknown <= MAX_UNKNOWN_KEYS:
+                issues.append(_unknown_key_issue(loc, value, suggest=unknown <= MAX_SUGGESTED_KEYS))
             continue
         message = err["msg"]
         if message.startswith("Value error, "):
@@ -810,6 +853,8 @@ def _issues_from_validation(exc: ValidationError) -> list[Issue]:
         else:
             message = f"{_short(value)} is not valid: {message}"
         issues.append(Issue(loc, value, message, valid=valid))
+    if unknown > MAX_UNKNOWN_KEYS:
+        issues.append(_more_unknown("(spec)", unknown))
     return issues
 
 
@@ -919,10 +964,11 @@ def check_spec(
                             f"no critic runs with algorithm.adv_estimator={spec.algorithm.adv_estimator} "
                             f"(only gae uses one): critic.model.override_config has no effect",
                             severity="warning"))
-    if spec.algorithm.adv_estimator == AdvEstimator.grpo.value and n < 2:
+    entry = advantage.ESTIMATORS.get(spec.algorithm.adv_estimator)
+    if entry is not None and entry.group and n < 2:
         issues.append(Issue("actor_rollout_ref.rollout.n", n,
-                            "grpo normalises rewards within a group of samples per prompt: rollout.n must be >= 2",
-                            valid=">= 2"))
+                            f"{entry.name.value} compares each sample with the other samples of its prompt: "
+                            f"rollout.n must be >= 2", valid=">= 2"))
     if spec.algorithm.use_kl_in_reward and actor.use_kl_loss:
         issues.append(Issue("actor_rollout_ref.actor.use_kl_loss", True,
                             "KL is applied twice: algorithm.use_kl_in_reward and actor.use_kl_loss are both true",
@@ -934,22 +980,65 @@ def check_spec(
                             "trainer.resume_mode=resume_path needs trainer.resume_from_path: a global_step_N checkpoint "
                             "folder, or a folder holding them", valid="a folder path"))
 
+    issues.extend(verl_engine_issues(spec))
     issues.extend(engine_issues(spec, severity="error" if launch else "warning"))
     issues.sort(key=lambda i: i.severity != "error")
     return issues
 
 
+MEGATRON_LAUNCH_MESSAGE = (
+    "attnboard's engine cannot run model_engine=megatron: it trains Hugging Face models under FSDP, while verl's "
+    "Megatron engine builds Megatron-Core models whose attention is override_transformer_config.attention_backend "
+    "(TransformerEngine flash, fused, unfused, local, auto), not a transformers attn_implementation; the spec is "
+    "kept for import, preview and export"
+)
+
+
+def verl_engine_issues(spec: RunSpec) -> list[Issue]:
+    """What verl 0.9.1 would say about the spec's keys under its ``model_engine``: keys another engine's config
+    has (refused, or added and never read), modelled keys set away from their default that the engine's config
+    lacks, an engine verl 0.9.1 has no config for, and retired keys with what replaced them."""
+    issues: list[Issue] = []
+    engine = spec.model_engine
+    if engine not in VERL_CONFIG_ENGINES:
+        issues.append(Issue("model_engine", engine, f"verl {VERL_VERSION}'s ppo_trainer has no model_engine/{engine} "
+                                                    f"config (Hydra refuses model_engine={engine}); newer verl has "
+                                                    f"it", severity="warning", valid=list(VERL_CONFIG_ENGINES)))
+    for key, value in spec.verl_passthrough.items():
+        bare = key.lstrip("+")
+        outside = key_outside_engine(bare, engine)
+        if outside:
+            issues.append(Issue(f"{PASSTHROUGH}.{key}", value, outside, severity="warning"))
+        retired = retired_message(bare)
+        if retired and not (bare == "actor_rollout_ref.rollout.mode" and value == "sync"):
+            issues.append(Issue(f"{PASSTHROUGH}.{key}", value, retired, severity="warning",
+                                valid=RETIRED[bare].replaced_by))
+        if bare == "actor_rollout_ref.rollout.mode" and value == "sync":
+            issues.append(Issue(f"{PASSTHROUGH}.{key}", value, f"verl {VERL_VERSION} raises: {ROLLOUT_MODE_SYNC_ERROR}",
+                                valid=["async"]))
+    if engine != ModelEngine.dp.value:
+        flat, defaults = spec_to_flat(spec), _DEFAULT_FLAT
+        for key in SPEC_KEYS:
+            verl_key = VERL_NAMES.get(key, key)
+            if verl_key in VERL_DEFAULTS and verl_key not in engine_keys(engine) and flat.get(key) != defaults.get(key):
+                issues.append(Issue(key, flat.get(key), f"model_engine={engine}'s config has no {verl_key} (dp's "
+                                                        f"config has it): verl refuses it", severity="warning"))
+    return issues
+
+
 def engine_issues(spec: RunSpec, *, severity: Literal["error", "warning"] = "error") -> list[Issue]:
     """What verl would run and attnboard's engine does not implement: an advantage estimator other than
-    those in ``ENGINE_ADV_ESTIMATORS``, a KL estimator in use other than ``ENGINE_KL_TYPES``. A spec
+    those registered in ``worker.ppo.advantage``, a KL estimator in use other than ``ENGINE_KL_TYPES``. A spec
     holds them (import, preview and export accept them); a launch refuses them."""
     issues: list[Issue] = []
+    if spec.model_engine == ModelEngine.megatron.value:
+        issues.append(Issue("model_engine", spec.model_engine, MEGATRON_LAUNCH_MESSAGE, severity=severity,
+                            valid=[e.value for e in ModelEngine if e is not ModelEngine.megatron]))
     estimator = spec.algorithm.adv_estimator
-    if estimator not in ENGINE_ADV_ESTIMATORS:
+    if estimator not in advantage.ESTIMATORS:
         issues.append(Issue("algorithm.adv_estimator", estimator,
                             f"attnboard's engine does not run adv_estimator {estimator} (verl does); it runs "
-                            f"{', '.join(sorted(ENGINE_ADV_ESTIMATORS))}", severity=severity,
-                            valid=sorted(ENGINE_ADV_ESTIMATORS)))
+                            f"{', '.join(advantage.names())}", severity=severity, valid=advantage.names()))
     for key, kind, used, why in (
         ("algorithm.kl_penalty", spec.algorithm.kl_penalty, spec.algorithm.use_kl_in_reward, "use_kl_in_reward"),
         ("actor_rollout_ref.actor.kl_loss_type", spec.actor_rollout_ref.actor.kl_loss_type,
@@ -985,3 +1074,6 @@ def spec_to_tree(spec: RunSpec) -> dict[str, Any]:
 def spec_to_flat(spec: RunSpec) -> dict[str, Any]:
     """The spec as dotted keys, with override_config sub-keys expanded (verl's command-line form)."""
     return flatten(spec_to_tree(spec))
+
+
+_DEFAULT_FLAT = spec_to_flat(RunSpec())

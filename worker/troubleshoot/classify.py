@@ -38,6 +38,7 @@ from worker.attention.availability import (
     unavailable,
     version_tuple,
 )
+from worker.attention.kernel_sources import HUB_FLASH_KERNELS
 from worker.core.environment import Environment
 from worker.core.implementations import BUILTIN_NAMES, DEFAULT_IMPL, Impl, is_hub_kernel
 
@@ -495,12 +496,28 @@ def _flash_version(ctx: _Context) -> Diagnosis:
                       summary=summary, return_when=when)
 
 
+HUB_FETCH_EVIDENCE = re.compile(r"from the `kernels` library instead|kernels-community/|We couldn't connect to '"
+                                r"https://huggingface\.co'|LocalEntryNotFoundError|HF_HUB_OFFLINE|hub_kernels\.py")
+"""In an ImportError's traceback: transformers tried a Hub kernel (``worker.attention.kernel_sources``) first."""
+
+
 def _flash_not_installed(ctx: _Context) -> Diagnosis:
     impl = _flash_impl(ctx)
     cc = _min_cc(impl)
     target = _next(ctx, impl)
     patch = attn_patch(ctx.role, target)
     env = ctx.env
+    if HUB_FETCH_EVIDENCE.search(ctx.error.traceback) and impl in HUB_FLASH_KERNELS:
+        # transformers 5.24 with `kernels` and without flash-attn fetches a Hub kernel first; when the node cannot
+        # reach the Hub it re-raises the package check, so this message hides the real cause.
+        repo = HUB_FLASH_KERNELS[impl]
+        sentence = (f"flash-attn is not installed, and transformers' fallback, {repo} from the Hugging Face Hub via "
+                    f"`kernels`, could not be fetched (an offline node): set {_shown(patch)} so {_who(ctx.role)} "
+                    f"trains on {target} now, then fetch {repo} into the HF cache the node reads where the Hub is "
+                    f"reachable and run with HF_HUB_OFFLINE=1, or pip install flash-attn, and return to {impl}.")
+        return _diagnosis(ctx, Category.flash_attn_not_installed, impl=impl, patch=patch, sentence=sentence,
+                          summary=f"{impl}: flash-attn missing and the Hub kernel {repo} unreachable",
+                          return_when={"flash_attn_installed": True, "min_compute_capability": cc})
     if env is not None and (env.device == "cpu" or (env.compute_capability or (99, 0)) < tuple(cc)):
         where = "this machine cannot run it either" if env.device == "cpu" else (
             f"this GPU (compute capability {env.compute_capability[0]}.{env.compute_capability[1]}) cannot run it either")
@@ -670,7 +687,9 @@ RULES: tuple[Rule, ...] = (
     # 1. Configuration errors, before anything ran: Hydra's quote the user's key and value, which may name
     #    an implementation, so they come before every attention rule.
     _rule(Category.hydra_plus_override,
-          r"Could not override '(?P<key>[^']+)'\.[^\n]*?\s*To append to your config use \+(?P<append>\S+)",
+          # Either on the same line, or after the line's end and whitespace: two alternatives that cannot both
+          # take the same characters, so a long run of spaces costs one pass (``[^\n]*?\s*`` was quadratic).
+          r"Could not override '(?P<key>[^']+)'\.(?:[^\n]*?|[^\n]*\n\s*)To append to your config use \+(?P<append>\S+)",
           _hydra_plus),
     _rule(Category.hydra_plus_override,
           r"An item is already at '(?P<key>[^']+)'\.\s*Either remove \+ prefix: '(?P<existing>[^']+)'", _hydra_plus),
@@ -720,15 +739,15 @@ RULES: tuple[Rule, ...] = (
     _rule(Category.flash_attn_dtype, r"(?P<fa4>inputs must be float16, bfloat16)", _flash_dtype),
     # 7. The model class.
     _rule(Category.architecture_unsupported,
-          r"(?P<model>\w+) does not support Flash Attention yet, so it cannot use the `(?P<kernel>[^`]+)` kernel",
+          r"\b(?P<model>\w+) does not support Flash Attention yet, so it cannot use the `(?P<kernel>[^`]+)` kernel",
           _architecture),
-    _rule(Category.architecture_unsupported, r"(?P<model>\w+) does not support Flash Attention \d(?:\.0)? yet",
+    _rule(Category.architecture_unsupported, r"\b(?P<model>\w+) does not support Flash Attention \d(?:\.0)? yet",
           _architecture),
     _rule(Category.architecture_unsupported,
-          r"(?P<model>\w+) does not support an attention implementation through "
+          r"\b(?P<model>\w+) does not support an attention implementation through "
           r"torch\.nn\.functional\.scaled_dot_product_attention yet", _architecture),
     _rule(Category.architecture_unsupported,
-          r"(?P<model>\w+) does not support (?:an attention implementation through torch's )?flex_attention",
+          r"\b(?P<model>\w+) does not support (?:an attention implementation through torch's )?flex_attention",
           _architecture),
     _rule(Category.architecture_unsupported, r"`sdpa` attention does not support `softcap`", _architecture),
     # 8. Kernel features.
@@ -754,13 +773,21 @@ message may mention memory). The whole table is tried on ``Type: message`` first
 traceback, so the error a user saw outranks an earlier one chained into its traceback."""
 
 
+MAX_HEAD_CHARS = 4_000
+MAX_TRACEBACK_CHARS = 16_000
+"""What the rules read of an error: the head's start and the traceback's end (where the raising frames are), so
+matching costs a bounded time whatever a worker reports."""
+
+
 def classify(error: ErrorInfo, env: EnvFacts | None = None, *, role: str | None = None) -> Diagnosis:
     """Classify one error. ``role`` (actor, rollout, reference/ref, critic, or None for every role) decides
-    which spec keys the remedy patches; ``env`` refines the sentence and the remedy when known."""
+    which spec keys the remedy patches; ``env`` refines the sentence and the remedy when known. The text is
+    truncated (``MAX_HEAD_CHARS``, ``MAX_TRACEBACK_CHARS``) before any rule runs."""
     if role is not None and role not in ROLE_SECTIONS:
         raise ValueError(f"role={role!r} is not a role; valid: {', '.join(ROLE_SECTIONS)} or None for every role")
-    head = error.head
-    texts = [head, f"{head}\n{error.traceback}"] if error.traceback else [head]
+    head = error.head[:MAX_HEAD_CHARS]
+    traceback = error.traceback[-MAX_TRACEBACK_CHARS:]
+    texts = [head, f"{head}\n{traceback}"] if traceback else [head]
     for text in texts:
         for rule in RULES:
             found = rule.pattern.search(text)

@@ -21,12 +21,12 @@ import pytest
 from sqlmodel import Session
 
 from app.services.ray_runtime import HEAD_RECORD, HeadRecord, free_port, pid_alive, stop_head
+from tests.app.browser.conftest import CHROMIUM
 from tests.app.pages_support import XSS_NAME
 from tests.app.service_support import ray_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
 
-CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[3]
 SCREENSHOTS = ROOT / "tests" / "screenshots"
 SEED_CRITIC_COMMAND = """python3 ppo_trainer.py \\
@@ -120,33 +120,6 @@ def _cancel_active(srv: Server) -> None:
             time.sleep(0.5)
     except httpx.HTTPError:
         pass  # the server is gone already: the head record below is the last resort
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM,
-                              args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser, server: Server):
-    """A fresh browser context, logged in with the module's write token."""
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    pg = context.new_page()
-    pg.dialogs = []  # type: ignore[attr-defined]
-    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))  # type: ignore[attr-defined]
-    pg.console_errors = []  # type: ignore[attr-defined]
-    pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))  # type: ignore[attr-defined]
-    pg.goto(server.base + "/login")
-    pg.fill("#token", server.token)
-    pg.press("#token", "Enter")  # the keyboard submits the form
-    pg.wait_for_url(server.base + "/")
-    yield pg
-    context.close()
 
 
 def expect(locator):
@@ -292,3 +265,23 @@ def test_runs_list_and_compare_after_the_runs(page, server):
     expect(page.locator("#chart-reward-compare")).to_have_attribute("data-points", str(STEPS))
     shot(page, "compare")
     assert page.dialogs == [] and page.console_errors == []
+
+
+def test_a_logged_out_launch_keeps_the_form_across_the_sign_in(browser, server):
+    """Issue 17 item 1, in Chromium: a newcomer fills the form logged out, presses Launch, signs in on the page
+    that asks, and is back on the same form as filled (the preview answered "sign in" meanwhile)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    pg = context.new_page()
+    pg.goto(server.base + "/runs/new")
+    pg.fill("#f-name", "kept across the login")
+    pg.select_option(f"select[name='{ACTOR_ATTN}']", "eager")
+    expect(pg.locator("#preview")).to_contain_text("Sign in to see")
+    pg.click("#run-form button.primary")
+    pg.wait_for_selector("#token")
+    pg.fill("#token", server.token)
+    pg.press("#token", "Enter")
+    pg.wait_for_url(re.compile(r".*/runs/new\?restore=1&.*"))
+    assert pg.input_value("#f-name") == "kept across the login"
+    assert pg.input_value(f"select[name='{ACTOR_ATTN}']") == "eager"
+    expect(pg.locator("#preview tr[data-role='actor'] td.effective")).to_have_text("eager")
+    context.close()

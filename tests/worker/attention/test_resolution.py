@@ -12,7 +12,9 @@ from worker.attention import messages
 from worker.attention.resolution import ROLES, ModelSupport, Rule, resolve
 from worker.core.environment import PROFILES, Environment, UnknownProfileError, environment_from, get_profile
 from worker.core.implementations import BUILTIN_NAMES
+from worker.core.vocabulary import ModelInfo
 from worker.spec import parse_spec
+from worker.spec.engines import ModelEngine
 
 ACTOR_SECTION = "actor_rollout_ref.model.override_config"
 CRITIC_SECTION = "critic.model.override_config"
@@ -39,7 +41,8 @@ def sp_keys(role: str, strategy: str, sp: int) -> dict:
 
 
 def rules_of(result) -> list[str]:
-    return [r.rule for r in result.reasons]
+    """The rule ids of a role's reasons, and of what verl's training engine does with it (``verl_engine``)."""
+    return [r.rule for r in result.reasons] + [r.rule for r in (result.verl_engine.reasons if result.verl_engine else ())]
 
 
 CPU, T4, A100, H100, NPU = (PROFILES[n] for n in ("cpu", "cuda-sm75", "cuda-sm80-fa2", "cuda-sm90-fa2", "npu"))
@@ -279,7 +282,25 @@ def test_every_rule_is_exercised():
     spec = parse_spec({})
     spec.actor_rollout_ref.model.override_config["attn_implementation"] = "flsh"
     seen.update(rules_of(resolve(spec, CPU).roles["actor"]))
+    for engine in ModelEngine:  # verl's training engines (their table: tests/worker/attention/test_verl_engines.py)
+        for env in (CPU, H100):
+            engine_spec = parse_spec({"model_engine": engine.value, "actor_rollout_ref.rollout.name": "sglang",
+                                      "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+                                      "verl_passthrough": {"critic.veomni.attn_implementation": "sdpa",
+                                                           "+actor_rollout_ref.rollout.engine_kwargs.sglang."
+                                                           "attention_backend": "fa3"}})
+            seen.update(r for role in engine_spec_roles(engine_spec, env) for r in role)
+    # Kernel sources and head-dim limits (their table: tests/worker/attention/test_kernel_sources.py)
+    offline = dataclasses.replace(H100, flash_attn_version=None, kernels_installed=True, hub_reachable=False)
+    gemma = ModelInfo("Gemma4ForCausalLM", 8, 2, 2048, extra={"head_dim": 256, "global_head_dim": 512})
+    for env, attn, model in ((offline, "flash_attention_2", None), (H100, "flash_attention_2", gemma),
+                             (H100, "sdpa", gemma)):
+        seen.update(rules_of(resolve(role_spec("actor", attn), env, actor_model=model).roles["actor"]))
     assert {r.value for r in Rule} - seen == set()
+
+
+def engine_spec_roles(spec, env) -> list[list[str]]:
+    return [rules_of(r) for r in resolve(spec, env).roles.values()]
 
 
 def test_to_dict_is_json_ready():

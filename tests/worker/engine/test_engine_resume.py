@@ -23,7 +23,8 @@ from tests.utils.checkpoints import assert_same_weights
 from tests.utils.checkpoints import full_weights as weights
 from tests.worker.engine.test_engine_runs import _finish, _processes_gone, _wait_for, of, states, tiny_spec
 from worker.engine import checkpoint, launch_controller, run_spec
-from worker.engine.controller import CANCEL_BOUND_S, run_actor_names
+from worker.engine.controller import run_actor_names
+from worker.engine.trainer import CANCEL_BOUND_S
 from worker.spec import spec_to_tree
 
 pytestmark = pytest.mark.ray
@@ -251,7 +252,12 @@ def test_a_cancel_to_a_stuck_controller_ends_within_the_bound_kills_the_ranks_an
     pids = next(p["pids"] for p in of(events, "log") if "pids" in p)
     events = _wait_for(controller, lambda ev: any(e["kind"] == "metric" and e["payload"]["step"] == 2 for e in ev),
                        timeout=60)
-    time.sleep(1.0)  # the step-2 save is written; the pruning scan now waits on the FIFO
+    # the step-2 save is committed (renamed to its final name); the controller makes no call to its ranks
+    # between that rename and the pruning scan, which now waits on the FIFO
+    deadline = time.monotonic() + 60
+    while not (folder / "global_step_2").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
     started = time.monotonic()
     answer = ray.get(controller.cancel("test cancel"), timeout=CANCEL_BOUND_S + 10)
     took = time.monotonic() - started

@@ -136,3 +136,25 @@ def test_decode_and_prefill_are_separate_signatures():
     records = seen.as_dict()["sdpa"]
     assert len(records) == 2 and [r["calls"] for r in records] == [2, 2]
     assert all(r["backend"] == "flash_attention" for r in records)
+
+
+def test_kernel_source_names_the_package_the_hub_snapshot_or_the_npu(monkeypatch):
+    """Where a loaded FlashAttention kernel came from: the flash_attn package's version, the Hub snapshot `kernels`
+    imported (read from the module's path in the HF cache), torch_npu's mapping; nothing for other kernels."""
+    import sys
+    import types
+
+    from worker.engine.observe import kernel_source
+
+    assert kernel_source("sdpa", "sdpa", "cuda") is None
+    assert kernel_source("flash_attention_2", "flash_attention_2", "npu")["origin"] == "npu"
+    package = kernel_source("flash_attention_2", "flash_attention_2", "cuda")
+    assert package["origin"] == "package" and package["detail"].startswith("flash_attn ")
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    fake = types.ModuleType("_attnboard_test_hub_kernel")
+    fake.__file__ = f"/hf/hub/models--kernels-community--flash-attn2/snapshots/{rev}/build/torch/flash_attn2/__init__.py"
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    hub = kernel_source("flash_attention_2", "kernels-community/flash-attn2", "cuda")
+    assert hub == {"origin": "hub", "repo": "kernels-community/flash-attn2", "revision": rev,
+                   "detail": f"kernels-community/flash-attn2@{rev}"}
+    assert kernel_source("kernels-community/flash-attn3", None, "cuda")["revision"] is None

@@ -77,3 +77,25 @@ def test_an_older_probe_without_the_new_fields_still_reads():
 def test_sdpa_backends_must_be_a_list_of_names(bad):
     with pytest.raises(ValueError, match=r"^environment.sdpa_backends: .* must be a list of backend names"):
         Environment.from_dict({"sdpa_backends": bad})
+
+
+def test_the_probe_says_whether_the_hub_is_reachable(monkeypatch):
+    """`kernels` fetches a FlashAttention kernel from the Hub when flash-attn is missing: the probe reports whether
+    this node reaches it (HF_HUB_OFFLINE, else a TCP connection to HF_ENDPOINT's host)."""
+    import socket
+
+    from worker.engine.probe import hub_reachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        assert hub_reachable(timeout_s=2) is True
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        assert hub_reachable(timeout_s=2) is False
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
+    assert hub_reachable(timeout_s=2) is False
+    assert isinstance(probe_environment()["hub_reachable"], bool)

@@ -8,18 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.core.environment import PROFILES
+from worker.engine.parity import PARITY_ULPS, TOLERANCE_FP32, packed_inputs, parity_batch, parity_check, parity_tolerance
 from worker.engine.trial import (
     NOISE_FLOOR,
-    PARITY_ULPS,
-    TOLERANCE_FP32,
     Column,
     StepFigures,
     TrialResult,
     figures_from_events,
-    packed_inputs,
-    parity_batch,
-    parity_check,
-    parity_tolerance,
+    outcome,
     recommend,
     summarize,
     trial_spec,
@@ -237,3 +233,22 @@ def test_parity_tolerance_follows_the_dtype_and_the_logits_scale(dtype, scale, e
 
 
 # The real trial (Ray, two ranks per implementation) runs once, through the API: tests/app/test_trials.py.
+
+
+@pytest.mark.parametrize("columns,expected", [
+    ([col("sdpa", 1.0), col("eager", 1.2)], ("succeeded", "sdpa, eager completed")),
+    ([col("sdpa", None, status="failed", reason="the run ended failed: ResourceError: no CPUs"),
+      col("eager", 1.2)],
+     ("succeeded", "eager completed; sdpa failed: the run ended failed: ResourceError: no CPUs")),
+    ([col("sdpa", None, status="failed", reason="the run ended failed: ResourceError: no CPUs"),
+      col("eager", None, status="failed", reason="the run ended cancelled: stop"),
+      col("flash_attention_2", None, status="skipped", reason="[actor] flash-attn is not installed")],
+     ("failed", "no implementation completed the trial (sdpa failed: the run ended failed: ResourceError: no CPUs; "
+                "eager failed: the run ended cancelled: stop; flash_attention_2 skipped: [actor] flash-attn is not "
+                "installed)")),
+    ([col("eager", None, status="failed")], ("failed", "no implementation completed the trial (eager failed: no "
+                                                       "reason given)")),
+    ([], ("failed", "no implementation completed the trial (none was asked for)")),
+])
+def test_a_trial_with_no_completed_implementation_fails_naming_each_reason(columns, expected):
+    assert outcome(columns) == expected

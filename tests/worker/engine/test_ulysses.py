@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.engine import compute, models, run_spec, ulysses
-from worker.engine.controller import WorkerGroup
 from worker.engine.dispatch import Mesh
+from worker.engine.group import WorkerGroup
 from worker.engine.rank import LoadPlan, RankWorker, RolePlan
 
 # --------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from worker.spec import (
     parse_spec,
     spec_to_flat,
 )
+from worker.spec.engines import CONFIG_GROUPS
 from worker.spec.verl_defaults import MANDATORY, VERL_DEFAULTS, VERL_VERSION
 
 ACTOR_ATTN = "actor_rollout_ref.model.override_config.attn_implementation"
@@ -324,11 +325,23 @@ def test_engine_rollout_warning_text() -> None:
         ("python3 -m verl.trainer.main_ppo --config-name=my_ppo trainer.nnodes=1", "--config-name=my_ppo",
          "--config-name=my_ppo: a config of your own is a file the import does not read"),
         ("python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_megatron_trainer.yaml' x.y=1",
-         "--config-name='ppo_megatron_trainer.yaml'", "verl's Megatron backend (--config-name=ppo_megatron_trainer.yaml)"),
+         "x.y=1", "unknown key x.y"),
         ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.strategy=megatron",
-         "actor_rollout_ref.actor.strategy=megatron", "verl's Megatron backend (actor_rollout_ref.actor.strategy="),
+         "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy=megatron without "
+                                                      "model_engine=megatron: verl 0.9.1 chooses its megatron engine"),
         ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "verl's Megatron backend"),
+         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size belongs to the config of model_engine=megatron, "
+         "not dp"),
+        ("python3 -m verl.trainer.main_ppo model_engine=veomni actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1",
+         "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1",
+         "belongs to the config of model_engine=dp or automodel, not veomni"),
+        ("python3 -m verl.trainer.main_ppo engine=automodel trainer.nnodes=1", "engine=automodel",
+         "unknown key engine: engine=<name> is a config group of verl's SFT trainer (verl.trainer.sft_trainer), not of "
+         "verl.trainer.main_ppo, whose Hydra refuses it; the PPO trainer chooses its engine with model_engine=<name>"),
+        ("python3 -m verl.trainer.main_ppo trainer.use_legacy_worker_impl=auto", "trainer.use_legacy_worker_impl=auto",
+         "unknown key trainer.use_legacy_worker_impl: trainer.use_legacy_worker_impl is retired in verl 0.9.1: use "
+         "model_engine"),
         ("python3 -m recipe.dapo.main_dapo data.train_batch_size=8", "recipe.dapo.main_dapo",
          "entry point recipe.dapo.main_dapo is not supported"),
         ("python3 -m verl.trainer.main_ppo a.b=1\npython3 -m verl.trainer.main_ppo a.b=2",
@@ -517,7 +530,8 @@ def test_export_yaml_is_a_config_verl_composes() -> None:
     }
     full = yaml.safe_load(export_yaml(RunSpec()).text)
     written = set(flatten({k: v for k, v in full.items() if k not in ("hydra", "defaults")}))
-    assert written == {VERL_NAMES.get(k, k) for k in SPEC_KEYS if k not in OPEN_DICT_FIELDS}
+    assert written == {VERL_NAMES.get(k, k) for k in SPEC_KEYS if k not in OPEN_DICT_FIELDS and k not in CONFIG_GROUPS}
+    assert full["defaults"] == ["ppo_trainer", "_self_"]  # model_engine=dp is ppo_trainer's own choice
 
 
 @pytest.mark.parametrize(
@@ -577,7 +591,7 @@ def test_plus_rule_against_verls_generated_config() -> None:
     assert len(overrides) == len(SPEC_KEYS) - len(OPEN_DICT_FIELDS) + 6
     for token in overrides:
         key = token.lstrip("+").split("=", 1)[0]
-        assert token.startswith("+") == (key not in verl_flat), token
+        assert token.startswith("+") == (key not in verl_flat and key not in CONFIG_GROUPS), token
         if key.startswith(OPEN_DICT_FIELDS):
             parent = next(f for f in OPEN_DICT_FIELDS if key.startswith(f + "."))
             assert verl_flat[parent] == {}  # declared, with no sub-keys: Hydra needs the +
@@ -611,10 +625,11 @@ def test_generated_keys_module_matches_the_wheel() -> None:
 
 def test_runspec_defaults_are_verls() -> None:
     ours = spec_to_flat(RunSpec())
-    verl_only = [k for k in SPEC_KEYS if VERL_NAMES.get(k, k) not in VERL_DEFAULTS]
+    verl_only = [k for k in SPEC_KEYS if VERL_NAMES.get(k, k) not in VERL_DEFAULTS and k not in CONFIG_GROUPS]
+    assert ours["model_engine"] == "dp"  # ppo_trainer.yaml's defaults list: - model_engine: dp
     assert verl_only == ["attnboard.fallback_policy", "attnboard.seed", "attnboard.max_restarts",
                          "attnboard.debug.output_attentions"]
-    shared = {k: VERL_NAMES.get(k, k) for k in SPEC_KEYS if k not in verl_only}
+    shared = {k: VERL_NAMES.get(k, k) for k in SPEC_KEYS if k not in verl_only and k not in CONFIG_GROUPS}
     differing = {k: (ours[k], VERL_DEFAULTS[v]) for k, v in shared.items() if ours[k] != VERL_DEFAULTS[v]}
     # rollout.name is mandatory in verl (???); attnboard defaults to vllm, verl's usual engine.
     assert differing == {"actor_rollout_ref.rollout.name": ("vllm", MANDATORY)}
@@ -643,7 +658,10 @@ def test_verls_interpolated_checkpoint_folder_is_kept_as_its_default_and_exporte
 def test_one_key_at_its_default_changes_nothing(key: str) -> None:
     """Giving one key of a section must not reset its siblings to another default (critic.optim.lr)."""
     value = spec_to_flat(RunSpec())[key]
-    assert import_command(f"{VERL_NAMES.get(key, key)}={hydra_value(value)}").spec == RunSpec()
+    override = f"{VERL_NAMES.get(key, key)}={hydra_value(value)}"
+    # A lone undotted word (model_engine=dp) is a shell variable assignment: give it to verl's command.
+    text = override if "." in key else f"python3 -m verl.trainer.main_ppo {override}"
+    assert import_command(text).spec == RunSpec()
 
 
 # --------------------------------------------------------------------------------------------
@@ -757,3 +775,63 @@ def test_round_trip_keeps_floats_exact() -> None:
     again = import_command(export_command(spec).text).spec
     assert again.actor_rollout_ref.actor.optim.lr == 1 / 3
     assert math.isclose(again.algorithm.gamma, 0.30000000000000004, rel_tol=0, abs_tol=0)
+
+
+# --------------------------------------------------------------------------------------------
+# verl's training engines (model_engine) in and out
+
+
+VEOMNI_COMMAND = ("python3 -m verl.trainer.main_ppo model_engine=veomni "
+                  "actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2 "
+                  "critic.veomni.attn_implementation=sdpa actor_rollout_ref.actor.veomni.ulysses_parallel_size=2")
+
+
+def test_model_engine_is_imported_and_exported_as_a_config_group() -> None:
+    spec = import_command(VEOMNI_COMMAND).spec
+    assert spec.model_engine == "veomni"
+    assert spec.verl_passthrough == {"actor_rollout_ref.actor.veomni.attn_implementation": "flash_attention_2",
+                                     "critic.veomni.attn_implementation": "sdpa",
+                                     "actor_rollout_ref.actor.veomni.ulysses_parallel_size": 2}
+    lines = [line.strip(" \\") for line in export_command(spec).text.splitlines()]
+    assert "model_engine=veomni" in lines  # a group: never +model_engine
+    assert "actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2" in lines  # in veomni's config: bare
+    assert import_command(export_command(spec).text).spec == spec
+    document = yaml.safe_load(export_yaml(spec).text)
+    assert document["defaults"] == ["ppo_trainer", {"override model_engine": "veomni"}, "_self_"]
+    assert "model_engine" not in document
+    assert import_yaml(export_yaml(spec).text).spec == spec
+
+
+def test_the_retired_megatron_config_reads_as_model_engine_megatron() -> None:
+    result = import_command("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer "
+                            "actor_rollout_ref.actor.strategy=megatron "
+                            "actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=fused")
+    assert result.spec.model_engine == "megatron"
+    assert result.spec.verl_passthrough == {
+        "actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend": "fused"}
+    assert ("--config-name=ppo_megatron_trainer is retired in verl 0.9.1 (the file says \"[Deprecated] ... please use "
+            "ppo_trainer.yaml instead\"): read as ppo_trainer with model_engine=megatron") in result.warnings
+    assert ("actor_rollout_ref.actor.strategy=megatron is model_engine=megatron's own default: kept through "
+            "model_engine") in result.warnings
+    assert "model_engine=megatron" in export_command(result.spec).text
+
+
+def test_retired_keys_given_with_plus_are_passed_through_and_flagged() -> None:
+    result = import_command("python3 -m verl.trainer.main_ppo +trainer.use_legacy_worker_impl=disable "
+                            "actor_rollout_ref.rollout.mode=async")
+    assert result.spec.verl_passthrough == {"+trainer.use_legacy_worker_impl": "disable",
+                                            "actor_rollout_ref.rollout.mode": "async"}
+    assert any(w.startswith("trainer.use_legacy_worker_impl is retired in verl 0.9.1: use model_engine")
+               for w in result.warnings)
+    assert any(w.startswith("actor_rollout_ref.rollout.mode is retired in verl 0.9.1") for w in result.warnings)
+
+
+@pytest.mark.parametrize("engine,rejected", [("dp", False), ("veomni", True)])
+def test_whether_verl_rejects_a_plus_depends_on_the_engine(engine, rejected) -> None:
+    """``+actor_rollout_ref.actor.veomni.attn_implementation``: Hydra adds it under dp (where nothing reads it) and
+    rejects the ``+`` under veomni, whose config has the key; the export writes the + exactly under dp."""
+    key = "actor_rollout_ref.actor.veomni.attn_implementation"
+    result = import_command(f"python3 -m verl.trainer.main_ppo model_engine={engine} +{key}=sdpa")
+    assert any(w.startswith(f"verl rejects +{key}") for w in result.warnings) == rejected
+    assert result.spec.verl_passthrough == {key: "sdpa"}
+    assert (f"+{key}=sdpa" in export_command(result.spec).text) == (engine == "dp")

@@ -33,12 +33,13 @@ from worker.interop.verl import (
     parse_hydra_value,
 )
 from worker.spec import ALIASES, PASSTHROUGH_NOTE, SPEC_NAMES, RunSpec, classify_key, flatten, parse_spec
+from worker.spec.verl_defaults import VERL_VERSION
 
 SCRIPTS = Path(__file__).parent / "fixtures" / "verl_scripts"
 ALL = sorted(p.name for p in SCRIPTS.glob("*.sh"))
 REFUSED = {
-    "refused_megatron_config.sh": MEGATRON_MESSAGE.format(what="--config-name=ppo_megatron_trainer.yaml"),
-    "refused_megatron_strategy.sh": MEGATRON_MESSAGE.format(what="actor_rollout_ref.actor.strategy=megatron"),
+    "refused_megatron_strategy.sh": MEGATRON_MESSAGE.format(what="actor_rollout_ref.actor.strategy=megatron",
+                                                            engine="megatron", version=VERL_VERSION),
     "refused_dapo_recipe.sh": ENTRY_MESSAGE.format(entry="recipe.dapo.main_dapo"),
     "refused_one_step_off_policy.sh": ENTRY_MESSAGE.format(entry="recipe.one_step_off_policy.main_ppo"),
 }

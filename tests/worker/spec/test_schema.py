@@ -207,3 +207,23 @@ def test_tree_and_flat_round_trip():
     spec = parse_spec({**SMALL, "critic.model.override_config.rope_scaling.type": "linear"})
     assert parse_spec(spec_to_tree(spec)) == spec
     assert parse_spec(spec_to_flat(spec)) == spec
+
+
+@pytest.mark.parametrize("where", ["spec", "passthrough"])
+def test_unknown_keys_are_capped_per_spec(where):
+    """5,000 unknown keys cost ~MAX_SUGGESTED_KEYS "did you mean" matches, not 5,000 (issue 18: 8.3 s of CPU)."""
+    import time
+
+    from worker.spec.schema import MAX_SUGGESTED_KEYS, MAX_UNKNOWN_KEYS
+
+    keys = {f"trainer.totl_training_steps_{i}": 1 for i in range(1_900)}
+    data = keys if where == "spec" else {"verl_passthrough": keys}
+    t0 = time.perf_counter()
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    assert time.perf_counter() - t0 < 1.0
+    issues = caught.value.issues
+    assert len(issues) == MAX_UNKNOWN_KEYS + 1
+    assert issues[-1].message.startswith(f"{1_900 - MAX_UNKNOWN_KEYS} more unknown keys are not listed")
+    hinted = [i for i in issues if "did you mean" in i.message]
+    assert 1 <= len(hinted) <= MAX_SUGGESTED_KEYS

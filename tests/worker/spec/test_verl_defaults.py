@@ -25,3 +25,12 @@ def test_committed_defaults_equal_the_generators_output():
     assert committed == text, "worker/spec/verl_defaults.py differs from the wheel: run scripts/gen_verl_defaults.py"
     assert count > 800 and version == "0.9.1"
     assert committed.startswith("# GENERATED FILE, DO NOT EDIT. Regenerate with: ")
+
+
+def test_committed_engine_keys_equal_the_generators_output():
+    gen = _generator()
+    text, counts = gen.render_engines()
+    committed = gen.ENGINE_TARGET.read_text()
+    assert committed == text, "worker/spec/verl_engine_keys.py differs from the wheel: run scripts/gen_verl_defaults.py"
+    assert committed.startswith("# GENERATED FILE, DO NOT EDIT. Regenerate with: ")
+    assert set(counts) == {"megatron", "torchtitan", "veomni", "automodel"} and min(counts.values()) > 50

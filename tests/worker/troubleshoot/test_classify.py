@@ -668,3 +668,28 @@ def test_suggestion_only_when_every_condition_holds(cc, fa, kernels, device):
         suggestion = suggest_return_to_fast_path(diagnosis, env)
         when = diagnosis.return_to_fast_path_when
         assert (suggestion is not None) == (when is not None and conditions_met(when, env))
+
+
+def test_a_flash_attn_import_error_after_a_failed_hub_fetch_names_the_hub():
+    """transformers 5.24 with `kernels` and without flash-attn fetches kernels-community/flash-attn2 first; on an
+    offline node the fetch fails and the package's ImportError is re-raised: the traceback shows the Hub."""
+    message = messages.flash_attn_not_installed(2, 5)
+    offline = ErrorInfo("ImportError", message, (
+        "Traceback (most recent call last):\n  File \"transformers/integrations/hub_kernels.py\", line 870, in "
+        "load_and_register_attn_kernel\nhuggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested "
+        "files in the disk cache and outgoing traffic has been disabled. To enable hf.co look-ups and downloads "
+        "online, set 'local_files_only' to False.\n\nDuring handling of the above exception, another exception "
+        f"occurred:\n\nImportError: {message}\n"))
+    hub = classify(offline, EnvFacts("cuda", (9, 0), kernels_installed=True), role="actor")
+    assert hub.category is Category.flash_attn_not_installed
+    assert hub.summary == "flash_attention_2: flash-attn missing and the Hub kernel kernels-community/flash-attn2 unreachable"
+    assert "HF_HUB_OFFLINE=1" in hub.remedy.sentence and hub.remedy.patch
+    plain = classify(ErrorInfo("ImportError", message), EnvFacts("cuda", (9, 0)), role="actor")
+    assert plain.category is Category.flash_attn_not_installed and "Hub" not in plain.summary
+
+
+def test_the_4x_message_naming_huggingface_docs_is_not_the_hub_case():
+    message = messages.flash_attn_not_installed(2, 4)  # "... refer to the documentation of https://huggingface.co/..."
+    diagnosis = classify(ErrorInfo("ImportError", message, f"Traceback ...\nImportError: {message}\n"),
+                         EnvFacts("cuda", (8, 0)), role="actor")
+    assert diagnosis.category is Category.flash_attn_not_installed and "Hub" not in diagnosis.summary

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.run_view import (
+from app.views.run_view import (
     BADGE_SEVERITY,
     CHARTS,
     aligned_series,

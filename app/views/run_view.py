@@ -78,6 +78,7 @@ class AttentionRow:
     sdpa_op: str | None = None  # the aten op that named it
     compute_dtype: str | None = None
     weights_dtype: str | None = None
+    kernel_source: str | None = None  # a FlashAttention kernel: flash_attn 2.8.3, kernels-community/flash-attn2@rev, ...
     node: str | None = None
     pid: int | None = None
     attempt: int = 0
@@ -256,6 +257,7 @@ def attention_row(payload: dict[str, Any]) -> AttentionRow:
                      None),
         compute_dtype=_str(payload.get("compute_dtype")),
         weights_dtype=_str(payload.get("weights_dtype")),
+        kernel_source=_str(_dict(payload.get("kernel_source")).get("detail")),
         node=_str(payload.get("node")),
         pid=_int(payload.get("pid")),
         attempt=_int(payload.get("attempt")) or 0,

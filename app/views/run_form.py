@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from worker.core.implementations import BUILTIN_NAMES
+from worker.ppo import advantage
 from worker.spec import PASSTHROUGH, PASSTHROUGH_NOTE, SPEC_KEYS, Issue, RunSpec, spec_to_flat, spec_to_tree, tree_get
 
 Widget = Literal["text", "number", "checkbox", "select", "attention", "mapping", "passthrough"]
@@ -44,6 +45,16 @@ class Group:
     prefixes: tuple[str, ...]
 
 
+def estimators_help() -> str:
+    """What the engine's advantage estimators need, from their registry entries."""
+    def named(needs: str) -> str:
+        return ", ".join(e.name.value for e in advantage.ESTIMATORS.values() if getattr(e, needs))
+
+    return (f"The engine runs {', '.join(advantage.names())}. {named('critic')} trains a critic; "
+            f"{named('group')} compare the samples of each prompt (rollout.n >= 2); "
+            f"{named('baseline')} subtracts the score of a greedy rollout.")
+
+
 # Order is the order on the page; a key belongs to the first group with a matching prefix.
 GROUPS: tuple[Group, ...] = (
     Group("model", "Model", "A built-in preset (builtin:tiny-llama, builtin:tiny-qwen2) or a local Hugging Face folder.",
@@ -55,12 +66,13 @@ GROUPS: tuple[Group, ...] = (
           "verl's default: bf16 forward/backward over fp32 master weights. FlashAttention needs bf16 or fp16 compute.",
           ("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.model_dtype",
            "actor_rollout_ref.ref", "actor_rollout_ref.rollout.dtype", "critic.fsdp")),
-    Group("strategy", "Strategy and sequence parallelism",
-          "fsdp_turbo with Ulysses > 1 forces eager attention; plain fsdp/fsdp2 Ulysses needs use_remove_padding.",
-          ("actor_rollout_ref.actor.strategy", "critic.strategy", "actor_rollout_ref.actor.fsdp_config",
+    Group("strategy", "Engine, strategy and sequence parallelism",
+          "verl's model_engine decides which key chooses attention (dp: override_config; veomni, torchtitan, megatron, "
+          "automodel: their own, kept in the pass-through keys); attnboard's engine runs dp semantics. fsdp_turbo with "
+          "Ulysses > 1 forces eager attention; plain fsdp/fsdp2 Ulysses needs use_remove_padding.",
+          ("model_engine", "actor_rollout_ref.actor.strategy", "critic.strategy", "actor_rollout_ref.actor.fsdp_config",
            "critic.ulysses_sequence_parallel_size", "actor_rollout_ref.model", "critic.model")),
-    Group("algorithm", "Algorithm", "gae trains a critic; grpo normalises rewards within a group (rollout.n >= 2).",
-          ("algorithm",)),
+    Group("algorithm", "Algorithm", estimators_help(), ("algorithm",)),
     Group("actor", "Actor and critic optimisation", "verl 0.9.1 defaults.", ("actor_rollout_ref.actor", "critic")),
     Group("rollout", "Rollout", "Generation uses the actor's weights.", ("actor_rollout_ref.rollout",)),
     Group("data", "Data and reward", "A built-in task (builtin:count, builtin:copy) or a verl-format parquet file.",
