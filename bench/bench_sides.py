@@ -5,7 +5,7 @@ library prints there is ignored by the driver).
     python bench/bench_sides.py SIDE 'CONFIG_JSON'
 
 SIDE:
-- ``attnboard``: the real engine (``worker.engine.controller.Trainer`` on a local Ray of ``threads`` CPUs,
+- ``attnboard``: the real engine (``worker.engine.trainer.Trainer`` on a local Ray of ``threads`` CPUs,
   ``ranks`` rank actors of ``threads / ranks`` CPUs and torch threads each), PPO (gae) or GRPO;
 - ``floor``: the plain-torch PPO (gae) step: HF ``generate``, one reference and one critic forward, one
   forward/backward per micro-batch of the actor and the critic, one AdamW step each; nothing else;
@@ -69,8 +69,9 @@ class Turns:
 def attnboard(cfg: dict[str, Any]) -> None:
     import ray
 
-    from worker.engine.controller import Trainer, run_options
+    from worker.engine.controller import run_options
     from worker.engine.events import EventLog
+    from worker.engine.trainer import Trainer
     from worker.spec.presets import tiny_cpu_spec
 
     rows = cfg["prompts"] * cfg["n"]

@@ -538,6 +538,20 @@ class RankWorker:
         self._synchronize()
         return metrics
 
+    @register(Dispatch.DP_COMPUTE, mesh="actor")
+    def update_actor_on_policy(self, batch: dict[str, Any], settings: compute.ActorSettings) -> dict[str, Any]:
+        """``update_actor`` without a separate old-log-prob forward (``settings.on_policy``, verl's one-epoch,
+        one-mini-batch condition) -> its metrics and this rank's rows' ``old_log_probs`` and ``entropy`` (N, R):
+        what the update's own forwards saw, every one of them before its one optimizer step."""
+        actor = self.roles["actor"]
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        metrics = compute.update_actor(actor.module, actor.optimizer, self._to_device(batch), actor.sp, settings,
+                                       compute_dtype=actor.plan.compute_dtype, scaler=actor.scaler,
+                                       remove_padding=actor.plan.remove_padding, seen=seen)
+        self._synchronize()
+        return {"metrics": metrics, **self._to_cpu({"old_log_probs": torch.cat([lp for lp, _ in seen]),
+                                                     "entropy": torch.cat([e for _, e in seen])})}
+
     @register(Dispatch.DP_COMPUTE, mesh="critic")
     def update_critic(self, batch: dict[str, Any], settings: compute.CriticSettings) -> dict[str, float]:
         critic = self.roles["critic"]

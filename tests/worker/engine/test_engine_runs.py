@@ -286,7 +286,12 @@ def test_a_run_packs_or_pads_its_micro_batches_as_use_remove_padding_says(local_
     packed = {(a["role"], a["rank"]): a["remove_padding"] for a in of(events, "attention")}
     assert packed == {(role, rank): remove_padding and role != "rollout"
                       for role in ("actor", "reference", "critic", "rollout") for rank in (0, 1)}
-    assert of(events, "metric") and of(events, "attention_mismatch") == []
+    assert of(events, "attention_mismatch") == []
+    # one epoch of one mini-batch: on policy, the old log-probs come from the update's own forwards (no forward
+    # of their own) and at step 1 they are the reference's (the same initial weights): KL 0, entropy measured
+    (metric,) = of(events, "metric")
+    assert abs(metric["values"]["actor/kl"]) < 1e-5 and metric["values"]["actor/entropy"] > 0
+    assert metric["values"]["training/rollout_probs_diff_mean"] < 1e-3
 
 
 def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray, cache_dir):

@@ -107,10 +107,12 @@ def test_attention_payload_status_badges():
 
 def test_every_rank_method_the_controller_calls_declares_its_fan_out():
     calls = ["init_process_group", "load", "generate", "rollout_attention", "compute_log_prob",
-             "compute_ref_log_prob", "compute_values", "update_actor", "update_critic", "policy_loss_and_grads",
+             "compute_ref_log_prob", "compute_values", "update_actor", "update_actor_on_policy", "update_critic",
+             "policy_loss_and_grads",
              "peak_memory_mb", "save_actor", "probe", "shutdown"]
     modes = {name: dispatch_of(RankWorker, name).mode for name in calls}
     assert modes["load"] == Dispatch.ONE_TO_ALL and modes["update_actor"] == Dispatch.DP_COMPUTE
+    assert dispatch_of(RankWorker, "update_actor_on_policy").mesh == "actor"
     assert dispatch_of(RankWorker, "update_critic").mesh == "critic"
     with pytest.raises(AttributeError, match="no @register"):
         dispatch_of(RankWorker, "address")
