@@ -189,7 +189,9 @@ def test_a_run_that_does_not_fit_stays_queued_saying_what_it_waits_for(served):
 
 def test_a_queued_run_starts_when_the_run_before_it_frees_its_cpus(served):
     _, client = served
-    first = client.post("/api/runs", json={"name": "fifo-1", "spec": tiny_run_spec(steps=1, ranks=2)}).json()["id"]
+    # the first run's 2 ranks hold 1 CPU each (set: a derived share would give them all 4)
+    first = client.post("/api/runs", json={"name": "fifo-1", "spec": tiny_run_spec(
+        steps=1, ranks=2, **{"attnboard.rank_cpus": 1})}).json()["id"]
     wait_until(client, first, lambda r: r["ray_job"] is not None, timeout=30, what="launched")
     second = client.post("/api/runs", json={"name": "fifo-2", "spec": tiny_run_spec(
         steps=1, ranks=CLUSTER_CPUS, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,

@@ -287,10 +287,12 @@ def test_a_running_trial_is_cancelled_through_the_api(served):
 
 @pytest.mark.ray
 def test_a_trial_whose_engine_host_dies_is_restarted_or_failed_with_the_cause(served):
-    """Two trials run side by side (1 CPU each); the engine host is SIGKILLed: the one that may not restart
-    (``attnboard.max_restarts: 0``) fails naming the host, the other starts again in a new host and ends."""
+    """Two trials run side by side (1 CPU each: ``attnboard.rank_cpus: 1``, else a rank of one takes both of the
+    head's CPUs); the engine host is SIGKILLed: the one that may not restart (``attnboard.max_restarts: 0``)
+    fails naming the host, the other starts again in a new host and ends."""
     app, client, data = served
-    ids = [client.post("/api/trials", json={"name": name, "spec": {**TRIAL_SPEC, "attnboard.max_restarts": limit},
+    ids = [client.post("/api/trials", json={"name": name, "spec": {**TRIAL_SPEC, "attnboard.max_restarts": limit,
+                                                                   "attnboard.rank_cpus": 1},
                                             "implementations": ["eager", "sdpa"], "steps": 20,
                                             "environment": "cpu"}).json()["id"] for name, limit in (("once", 0),
                                                                                                   ("again", 2))]

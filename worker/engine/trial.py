@@ -364,8 +364,8 @@ def run_trial(
         if isinstance(found, float):
             column.parity_max_abs_diff = found
             column.parity_ok = found <= tolerance
-            column.packed_parity_max_abs_diff = parity.packed.get(column.implementation)
-            speed = parity.speed.get(column.implementation, {})
+            column.packed_parity_max_abs_diff = result.packed.get(column.implementation)
+            speed = result.speed.get(column.implementation, {})
             column.padded_forward_tokens_per_s = speed.get("padded")
             column.packed_forward_tokens_per_s = speed.get("packed")
         elif isinstance(found, str):
