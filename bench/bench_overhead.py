@@ -3,8 +3,9 @@
     .venv/bin/python bench/bench_overhead.py [--steps 8] [--response-length 16]
                                              [--out bench/results/overhead.md]
 
-The problem is bench_trl.py's: ``builtin:tiny-llama``, fp32, sdpa, CPU, one torch thread; 32 sequences a
-step (8 ``builtin:count`` prompts x 4 samples, prompts of 14 tokens), ``--response-length`` sampled tokens;
+The problem is tiny_problem.py's (bench_trl.py's before issue 20): ``builtin:tiny-llama``, fp32, sdpa, CPU,
+one torch thread; 32 sequences a step (8 ``builtin:count`` prompts x 4 samples, prompts of 14 tokens),
+``--response-length`` sampled tokens;
 1 PPO epoch, 1 mini-batch of 32, micro-batches of 2, AdamW.
 
 Four things are timed step by step in turn in one run: an engine step, then (inside the engine's metric
@@ -43,8 +44,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling bench module
-from bench_trl import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, Side, run_attnboard, start_problem
 from common import load_text, local_ray, write_result
+from tiny_problem import LR, MAX_PROMPT, MICRO, PROMPTS, ROWS, SAMPLES, TASK, Side, run_attnboard, start_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("generate", "log-probs (old, ref, values)", "actor update", "critic update")

@@ -1,351 +1,497 @@
-"""PPO step throughput: attnboard's engine against TRL 1.12.0's ``trl.experimental.ppo.PPOTrainer``.
+"""attnboard's PPO and GRPO steps against TRL and the plain-torch floor, on a shape where compute dominates.
 
-    .venv/bin/python bench/bench_trl.py [--steps 3] [--rounds 2] [--response-length 16] [--out bench/results/trl.md]
+    .venv/bin/python bench/bench_trl.py                       # the full run (about 12 minutes on 2 quiet cores)
+    .venv/bin/python bench/bench_trl.py --quick               # a tiny shape, to check that every side runs
 
-Both sides train the same PPO problem in this one run, step by step in turn (attnboard step 1, TRL step 1,
-attnboard step 2, ...), so a busy moment on a shared machine hits both alike: the engine's ``metric`` event
-callback (synchronous, on the controller's thread, while the engine's rank waits) releases one TRL update
-in a thread and waits for it to end.
+The shape (issue 20): Qwen2, hidden 512, intermediate 1408, 8 layers, 8 heads / 2 kv heads, vocab 8192, seeded
+random weights saved as an HF folder with the project's character tokenizer; 16 prompts of 64 tokens, 64
+response tokens sampled at temperature 1; fp32, sdpa, CPU; 1 PPO epoch, 1 mini-batch (every row), micro-batches
+of 8, one AdamW step per trained model; the entropy coefficient 0.
 
-- the same weights: ``builtin:tiny-llama`` materialised as an HF folder; the causal LM is the policy and the
-  reference, ``worker.engine.models.load_value_model`` (token classification, 1 label, the score head seeded) the
-  critic and, for TRL, also the reward model; sdpa attention, fp32, CPU;
-- the same batch: 32 sequences a step (attnboard: 8 ``builtin:count`` prompts x ``rollout.n`` 4; TRL: 32 of
-  the same prompts), prompts of 14 tokens, ``--response-length`` sampled tokens at temperature 1;
-- the same update: 1 PPO epoch, 1 mini-batch of 32, micro-batches of 2 (16 forward/backward passes per
-  model, one optimizer step per model);
-- one process of compute each, one torch thread each: attnboard through the real engine, ``run_spec`` with
-  ``trainer.n_gpus_per_node=1`` (one Ray rank actor, models unwrapped at a world of 1, gloo); TRL in this process.
+Sides (``bench/bench_sides.py``, each a process of its own, set up one after the other, then stepped in turn):
+- attnboard: the real engine, PPO (gae) and GRPO (n = 4), at 1 core (1 rank, 1 thread) and 2 cores (1 rank
+  of 2 threads; 2 ranks of 1 thread, FSDP2 over gloo);
+- TRL: ``GRPOTrainer`` (n = 4, ``beta=0``) and, where the installed TRL still has it (<= 1.12),
+  ``trl.experimental.ppo.PPOTrainer``, at 1 and 2 torch threads, in ``bench/_work/trl-venv`` (made by
+  ``--setup-trl``: a venv that sees the project's packages and adds trl, accelerate, datasets);
+- floor: the plain-torch PPO step at 1 and 2 threads (``bench_sides.floor``: the least work a PPO step needs).
 
-Throughput = generated response tokens / wall time of a step. attnboard's step runs from the return of the
-previous metric callback to its next metric event (so TRL's turn is not in it); TRL's from its release to
-its ``on_step_end`` callback. Start-up (Ray, process group, model loading) is outside both; the first step
-of each side is a warm-up and dropped. Response tokens: attnboard's valid response tokens (its rows end at
-EOS; ``response_length/mean`` x rows), TRL's generated tokens (``stop_token=None``: it always generates
-``--response-length`` tokens). Counting the EOS-ended rows' padding on TRL's side only is in TRL's favour.
+Turns are interleaved (round 1: every side one step, round 2: ...) and the figures are medians. Robust to
+interference: around every step the driver reads the machine's busy CPU time (/proc/stat) and this benchmark's
+process tree's own (every process below the driver, Ray's included, /proc/PID/stat), and the difference is
+what OTHER processes used. A step during which others used more than ``--threshold`` cores on average is
+disturbed: it is repeated (at most ``--repeats`` times), and medians take the undisturbed attempts (all of
+them, flagged, when none was). Every attempt's figure is in the result file.
+
+Also: packed (``use_remove_padding``) vs padded forward/backward tokens/s of the actor on mixed lengths, sdpa
+and eager; how attnboard's step grows with the batch and the response length; peak RSS per side (the largest
+process, and the whole process tree: attnboard's with its Ray processes).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
-import threading
+import subprocess
+import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import load_text, local_ray, machine, write_result
+# Every side (and the packing case here) waits for its OpenMP threads passively, as attnboard's ranks of several
+# threads do (worker.engine.ranks.rank_env): set before torch loads, inherited by the side processes.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling bench modules
+from common import load_text, machine, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "_work"
-PROMPTS, SAMPLES, MICRO = 8, 4, 2  # 8 prompts x 4 samples = 32 sequences; micro-batches of 2
-ROWS = PROMPTS * SAMPLES
-TASK = "builtin:count"
-MAX_PROMPT = 16
-LR = 3e-3
+TRL_VENV = WORK / "trl-venv"
+SIDES = Path(__file__).resolve().parent / "bench_sides.py"
+CLK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+FULL = {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "vocab_size": 8192}
+QUICK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 512}
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine: CPU used by others, peak memory of a process tree
+
+
+def busy_ticks() -> int:
+    """Busy CPU ticks of the whole machine since boot (/proc/stat: user, nice, system, irq, softirq, steal)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return user + nice + system + irq + softirq + steal
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and every process below it (Ray's raylet, GCS and rank workers included)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def tree_ticks(root: int) -> int:
+    """CPU ticks the tree has used: its live processes' own and their reaped children's (utime, stime,
+    cutime, cstime)."""
+    total = 0
+    for pid in tree(root):
+        fields = _stat(pid)
+        if fields:
+            total += sum(int(x) for x in fields[11:15])
+    return total
+
+
+def peak_rss_mb(pids: list[int]) -> tuple[float, float]:
+    """(the largest VmHWM, the sum of VmHWM) over ``pids``, in MiB."""
+    peaks = []
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks.append(int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return (max(peaks) if peaks else 0.0, sum(peaks))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sides
+
+
+@dataclass
+class Attempt:
+    round: int
+    step_s: float
+    others_cores: float
+    disturbed: bool
 
 
 @dataclass
 class Side:
-    """The measured steps of one implementation: wall seconds and response tokens per step."""
+    """One process of ``bench_sides.py`` and what it measured."""
 
-    name: str
-    step_s: list[float] = field(default_factory=list)
+    label: str  # e.g. "attnboard 2 ranks x 1 thread"
+    kind: str  # attnboard | floor | trl-ppo | trl-grpo
+    cfg: dict[str, Any]
+    python: str = sys.executable
+    attempts: list[Attempt] = field(default_factory=list)
     tokens: list[float] = field(default_factory=list)
-    gen_s: list[float] = field(default_factory=list)
+    peak_mb: tuple[float, float] = (0.0, 0.0)
+    unavailable: str = ""
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
 
-    @property
-    def tokens_per_s(self) -> list[float]:
-        return [t / s for t, s in zip(self.tokens, self.step_s, strict=True)]
+    def start(self) -> None:
+        logs = Path(self.cfg["work"]) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.log = logs / ("".join(c if c.isalnum() else "-" for c in self.label) + ".log")
+        with self.log.open("w") as stderr:  # the side's own messages, for when it fails
+            self.proc = subprocess.Popen([self.python, str(SIDES), self.kind, json.dumps(self.cfg)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)
+        answer = self.read()
+        if answer.get("event") == "unavailable":
+            self.unavailable = answer["reason"]
+            self.proc.wait()
+            self.proc = None
+        elif answer.get("event") != "ready":
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.label}: {answer}; its log {self.log} ends:\n{tail}")
 
-    def median_tps(self) -> float:
-        return statistics.median(self.tokens_per_s)
+    def read(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("@@ "):
+                return json.loads(line[3:])
+        code = self.proc.wait()
+        return {"event": "exit", "code": code}
 
+    def step(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        answer = self.read()
+        if answer.get("event") != "step":
+            raise RuntimeError(f"{self.label}: expected a step, got {answer}")
+        self.peak_mb = max(self.peak_mb, peak_rss_mb(tree(self.proc.pid)))
+        return answer
 
-# ---------------------------------------------------------------------------------------------
-# attnboard
-
-
-def attnboard_spec(steps: int, response_length: int):
-    from worker.spec.presets import tiny_cpu_spec
-
-    return tiny_cpu_spec(**{
-        "trainer.n_gpus_per_node": 1,
-        "trainer.total_training_steps": steps,
-        "data.max_prompt_length": MAX_PROMPT,
-        "data.max_response_length": response_length,
-        "data.train_batch_size": PROMPTS,
-        "actor_rollout_ref.rollout.n": SAMPLES,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": PROMPTS,  # one mini-batch: all 32 rows
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": MICRO,
-        "critic.ppo_micro_batch_size_per_gpu": MICRO,
-        "actor_rollout_ref.actor.ppo_epochs": 1,
-        "actor_rollout_ref.actor.optim.lr": LR,
-        "critic.optim.lr": LR,
-    })
-
-
-StepHook = Callable[[], None]
-
-
-def run_attnboard(side: Side, *, steps: int, response_length: int, cache_dir: Path, run_id: str,
-                  between_steps: StepHook = lambda: None) -> None:
-    """``steps`` + 1 engine steps; every step but the first is recorded in ``side``. ``between_steps`` runs
-    after each step, inside the metric callback, and is not counted in the engine's step time."""
-    from worker.engine.controller import run_spec
-
-    resumed: list[float | None] = [None]
-
-    def on_event(event: dict[str, Any]) -> None:
-        if event["kind"] == "error":
-            print(f"attnboard error: {event['payload'].get('message')}")
-        if event["kind"] != "metric":
+    def stop(self) -> None:
+        if self.proc is None:
             return
-        end = time.perf_counter()
-        if resumed[0] is not None:
-            values = event["payload"]["values"]
-            side.step_s.append(end - resumed[0])
-            side.tokens.append(values["response_length/mean"] * ROWS)
-            side.gen_s.append(values["timing_s/gen"])
-        between_steps()
-        resumed[0] = time.perf_counter()
-
-    state = run_spec(attnboard_spec(steps + 1, response_length), run_id=run_id, on_event=on_event, cache_dir=cache_dir)
-    if state != "succeeded" or len(side.step_s) != steps:
-        raise RuntimeError(f"attnboard run {run_id} ended {state} with {len(side.step_s)} of {steps} measured steps")
-
-
-# ---------------------------------------------------------------------------------------------
-# TRL
-
-
-class TrlStepper:
-    """TRL's ``PPOTrainer.train()`` in a thread, released one update at a time by ``step()``.
-
-    Built in the caller's thread (models, dataset, trainer), so nothing of TRL runs while the engine does.
-    """
-
-    def __init__(self, side: Side, *, steps: int, response_length: int, folder: Path, out_dir: Path):
-        import datasets
-        from transformers import TrainerCallback
-
-        from worker.engine import models
-        from worker.ppo import data
-
-        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-        from trl.experimental.ppo import PPOConfig, PPOTrainer
-        from trl.experimental.ppo import ppo_trainer as trl_ppo
-
-        self.side, self.steps = side, steps
-        self.go, self.done = threading.Event(), threading.Event()
-        self.released_at = 0.0
-        self.updates = 0
-        self.error: BaseException | None = None
-        tok = models.load_tokenizer(folder)
-        tok.padding_side = "left"  # TRL generates from left-padded queries
-        rows = data.load_prompts(TASK, tok, MAX_PROMPT, seed=0)
-        dataset = datasets.Dataset.from_dict({"input_ids": [r.prompt_ids for r in rows]})
-
-        def causal_lm():
-            return models.load_causal_lm(folder, models.build_config(folder, {}, "sdpa"))
-
-        def value_model():
-            return models.load_value_model(folder, models.build_config(folder, {}, "sdpa"))
-
-        config = PPOConfig(
-            output_dir=str(out_dir), report_to="none", save_strategy="no", use_cpu=True, bf16=False, fp16=False,
-            disable_tqdm=True, seed=0, learning_rate=LR, temperature=1.0, response_length=response_length,
-            stop_token=None, missing_eos_penalty=None, num_sample_generations=0,
-            per_device_train_batch_size=MICRO, gradient_accumulation_steps=ROWS // MICRO, num_mini_batches=1,
-            num_ppo_epochs=1, local_rollout_forward_batch_size=ROWS, total_episodes=(steps + 1) * ROWS,
-            dataloader_num_workers=0,
-        )
-        stepper = self
-
-        class Turns(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kwargs):
-                stepper.wait_for_turn()
-
-            def on_step_end(self, args, state, control, **kwargs):
-                stepper.end_of_update()
-
-        self.gen_s: list[float] = []
-        self.generated: list[int] = []
-        self._original = trl_ppo.batch_generation
-        self._module = trl_ppo
-
-        def timed_generation(model, queries, *args, **kwargs):  # TRL's own function, timed, its output counted
-            t0 = time.perf_counter()
-            query_responses, logits = self._original(model, queries, *args, **kwargs)
-            self.gen_s.append(time.perf_counter() - t0)
-            self.generated.append(int(query_responses.shape[0]) * (query_responses.shape[1] - queries.shape[1]))
-            return query_responses, logits
-
-        self.trainer = PPOTrainer(args=config, processing_class=tok, model=causal_lm(), ref_model=causal_lm(),
-                                  reward_model=value_model(), value_model=value_model(), train_dataset=dataset,
-                                  eval_dataset=dataset, callbacks=[Turns()])
-        trl_ppo.batch_generation = timed_generation
-        self.thread = threading.Thread(target=self._train, name="trl-train", daemon=True)
-        self.thread.start()
-
-    def _train(self) -> None:
-        import torch
-
-        torch.set_num_threads(1)  # as the engine's rank (the Trainer set-up may have changed it)
+        assert self.proc.stdin is not None
         try:
-            self.trainer.train()
-        except BaseException as exc:
-            self.error = exc
-            self.done.set()
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=120)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        self.proc = None
 
-    def wait_for_turn(self) -> None:
-        self.go.wait()
-        self.go.clear()
-        self.released_at = time.perf_counter()
+    def undisturbed(self) -> list[Attempt]:
+        calm = [a for a in self.attempts if not a.disturbed]
+        return calm or self.attempts
 
-    def end_of_update(self) -> None:
-        end = time.perf_counter()
-        if self.updates > 0:  # the first update is a warm-up
-            self.side.step_s.append(end - self.released_at)
-            self.side.tokens.append(float(self.generated[self.updates]))
-            self.side.gen_s.append(self.gen_s[self.updates])
-        self.updates += 1
-        self.done.set()
-        if self.updates <= self.steps:
-            self.wait_for_turn()
+    def median_s(self) -> float | None:
+        kept = self.undisturbed()
+        return statistics.median(a.step_s for a in kept) if kept else None
 
-    def step(self) -> None:
-        """Let TRL run one update; return when it has ended."""
-        self.done.clear()
-        self.go.set()
-        self.done.wait()
-        if self.error is not None:
-            raise RuntimeError(f"TRL failed: {self.error!r}") from self.error
+    def flagged(self) -> bool:
+        return bool(self.attempts) and not any(not a.disturbed for a in self.attempts)
 
-    def finish(self) -> None:
-        self.thread.join(timeout=60)
-        self._module.batch_generation = self._original
-        if self.updates != self.steps + 1:
-            raise RuntimeError(f"TRL ran {self.updates} updates, expected {self.steps + 1}")
+
+def measured_step(side: Side, round_no: int, threshold: float) -> Attempt:
+    busy0, ours0, t0 = busy_ticks(), tree_ticks(os.getpid()), time.perf_counter()
+    answer = side.step()
+    wall = time.perf_counter() - t0
+    others = max(0.0, (busy_ticks() - busy0) - (tree_ticks(os.getpid()) - ours0)) / CLK
+    attempt = Attempt(round_no, float(answer["step_s"]), others / wall if wall > 0 else 0.0, False)
+    attempt.disturbed = attempt.others_cores > threshold
+    side.tokens.append(float(answer.get("tokens", 0.0)))
+    return attempt
+
+
+def run_group(sides: list[Side], *, steps: int, repeats: int, threshold: float) -> None:
+    """Set every side up (one after the other), then ``steps`` rounds of one step each in turn; a disturbed
+    step is taken again, at most ``repeats`` times."""
+    try:
+        for side in sides:
+            print(f"  starting {side.label} ...", flush=True)
+            side.start()
+            if side.unavailable:
+                print(f"  {side.label}: unavailable ({side.unavailable})", flush=True)
+        live = [s for s in sides if not s.unavailable]
+        for round_no in range(1, steps + 1):
+            for side in live:
+                for _ in range(repeats + 1):
+                    attempt = measured_step(side, round_no, threshold)
+                    side.attempts.append(attempt)
+                    print(f"  round {round_no} {side.label}: {attempt.step_s:.2f} s, others used "
+                          f"{attempt.others_cores:.2f} cores{' (disturbed)' if attempt.disturbed else ''}", flush=True)
+                    if not attempt.disturbed:
+                        break
+    finally:
+        for side in sides:
+            side.stop()
 
 
 # ---------------------------------------------------------------------------------------------
-# Report
+# The problem: the model folder, the prompts
 
 
-def _row(side: Side) -> str:
-    tps = side.tokens_per_s
-    step, gen = statistics.median(side.step_s), statistics.median(side.gen_s)
-    return (f"| {side.name} | {len(tps)} | {step:.2f} s | {gen:.2f} s | {step - gen:.2f} s | "
-            f"{statistics.median(side.tokens):.0f} | {statistics.median(tps):.1f} | {max(tps):.1f} |")
-
-
-def gc_collect_s(repeats: int = 3) -> float:
-    """The median time of one ``gc.collect()`` in this process (TRL calls it twice in every update)."""
-    import gc
-
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        gc.collect()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def report(ours: Side, trl: Side, *, args: argparse.Namespace, info: dict[str, Any], started: datetime,
-           load: tuple[tuple[float, ...], tuple[float, ...]], gc_s: float) -> str:
-    ratio = ours.median_tps() / trl.median_tps()
-    pairs = [a / t for a, t in zip(ours.tokens_per_s, trl.tokens_per_s, strict=True)]
-    best = max(ours.tokens_per_s) / max(trl.tokens_per_s)
-    met = ratio >= 2.0
-    lines = [
-        "# PPO step throughput: attnboard vs TRL 1.12.0 PPOTrainer",
-        "",
-        f"- date: {started.strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {info['host']}, {info['cpu']}, {info['cores']} cores, no GPU; load average (1/5/15 min) "
-        f"{load_text(load[0])} at the start, {load_text(load[1])} at the end "
-        "(a shared machine)",
-        f"- software: Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, "
-        f"trl {info['trl']} (installed into the project venv; it changed neither torch nor transformers)",
-        f"- command: `.venv/bin/python bench/bench_trl.py --steps {args.steps} --response-length {args.response_length}`",
-        f"- problem: builtin:tiny-llama (2 layers, hidden 64), fp32, sdpa, CPU, 1 torch thread per side; "
-        f"{ROWS} sequences a step, prompts of 14 tokens, {args.response_length} response tokens sampled at "
-        f"temperature 1; 1 PPO epoch, 1 mini-batch, micro-batches of {MICRO}, one AdamW step per model; policy, "
-        "reference, critic (and TRL's reward model) from the same folder",
-        "- attnboard: `worker.engine.controller.run_spec`, world size 1 (one Ray rank actor, models unwrapped, gloo), "
-        "rule reward; TRL: `PPOTrainer.train()` in a thread of the bench process (reward model forward, KL in reward)",
-        f"- measured: {args.steps} steps a side after one warm-up step each, taken in turn (attnboard, TRL, "
-        "attnboard, ...); tokens/s = response tokens / step wall time",
-        "",
-        "| side | steps | median step | median generation | median rest of step | response tokens / step | "
-        "median tokens/s | best tokens/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-        _row(ours),
-        _row(trl),
-        "",
-        f"**attnboard / TRL tokens/s (medians): {ratio:.2f}x**; median of the per-turn ratios "
-        f"{statistics.median(pairs):.2f}x (range {min(pairs):.2f} - {max(pairs):.2f}); best step against best step "
-        f"{best:.2f}x.",
-        "",
-        f"Tokens counted: attnboard's valid response tokens (rows end at EOS), TRL's generated tokens (no stop "
-        f"token, always {args.response_length} a row); counted by slots as TRL is, attnboard's figure would be "
-        f"{ROWS * args.response_length / statistics.median(ours.tokens):.2f}x higher.",
-        "",
-        f"Target: attnboard >= 2x TRL's tokens/s. **{'Met' if met else 'Not met'}**"
-        + ("." if met else f": {ratio:.2f}x is {2.0 / ratio:.2f}x short of it."),
-        "",
-        "Where the time goes:",
-        "",
-        f"- Generation is a small part on both sides ({statistics.median(ours.gen_s):.2f} s vs "
-        f"{statistics.median(trl.gen_s):.2f} s); the updates (32 micro-batch forward/backward passes per trained "
-        "model) dominate.",
-        f"- TRL calls `gc.collect()` twice in every update; one call takes {gc_s * 1000:.0f} ms in this process "
-        f"(measured after the run), so about {2 * gc_s / statistics.median(trl.step_s):.0%} of TRL's median step "
-        "is garbage collection. TRL also runs a reward-model forward that attnboard's rule reward replaces.",
-        "- attnboard's step pays for Ray dispatch and the controller's own work (its models run unwrapped at a "
-        "world of 1): `bench/bench_overhead.py` measures this on the same problem (`bench/results/overhead.md`).",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def start_problem() -> tuple[datetime, tuple[float, ...], dict[str, Any], Path, Path]:
-    """The set-up this benchmark and bench_overhead share: 1 torch thread (as each engine rank has), the start
-    time and load average, the machine, and the tiny-llama folder -> (started, load, machine, cache, folder)."""
+def make_folder(shape: dict[str, int], work: Path) -> Path:
+    """A Qwen2 of ``shape`` with seeded random weights and the character tokenizer, as an HF folder."""
     import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from worker.engine import models
 
-    torch.set_num_threads(1)
-    started, load = datetime.now(UTC), os.getloadavg()
-    cache_dir = WORK / "models"
-    return started, load, machine(), cache_dir, models.ensure_builtin_folder("builtin:tiny-llama", cache_dir)
+    name = "qwen2-" + "-".join(str(shape[k]) for k in sorted(shape))
+    folder = work / "models" / name
+    if (folder / "config.json").is_file():
+        return folder
+    vocab = models.char_vocab()
+    config = Qwen2Config(**shape, bos_token_id=vocab[models.BOS], eos_token_id=vocab[models.EOS],
+                         pad_token_id=vocab[models.PAD], use_sliding_window=False, tie_word_embeddings=False)
+    with models.seeded(0):
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.save_pretrained(folder)
+    models.build_char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def prompt_text(prompt_len: int) -> str:
+    """A prompt that tokenizes to ``prompt_len`` tokens (BOS, its characters, the newline of the simple
+    template)."""
+    body = ("count the digits of 31415926535 and say them back; " * 8)[: prompt_len - 2]
+    return body + "\n"
+
+
+def make_data(text: str, prompts: int, work: Path) -> Path:
+    """A verl-format parquet of ``prompts`` copies of the prompt (the template adds the newline back)."""
+    from worker.ppo import data
+
+    rows = [{"prompt": [{"role": "user", "content": text[:-1]}], "data_source": "count",
+             "reward_model": {"style": "rule", "ground_truth": "3141"}} for _ in range(prompts)]
+    return data.write_parquet(rows, work / f"prompts-{len(text)}-{prompts}.parquet")
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed vs padded (in this process)
+
+
+def packing_case(folder: Path, *, threads: int, rows: int, max_len: int, repeats: int) -> list[dict[str, Any]]:
+    """Actor forward + backward of one mixed-length micro-batch, padded and packed, sdpa and eager ->
+    real tokens/s per (implementation, layout)."""
+    import torch
+
+    from worker.engine import compute, models
+
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    p, r = max_len // 2, max_len // 2
+    lengths = torch.randint(p // 4, p + 1, (rows,), generator=gen), torch.randint(r // 4, r + 1, (rows,), generator=gen)
+    prompt_mask = torch.stack([torch.cat([torch.zeros(p - int(n)), torch.ones(int(n))]) for n in lengths[0]]).long()
+    response_mask = torch.stack([torch.cat([torch.ones(int(n)), torch.zeros(r - int(n))]) for n in lengths[1]]).long()
+    prompt = torch.randint(4, 80, (rows, p), generator=gen) * prompt_mask
+    responses = torch.randint(4, 80, (rows, r), generator=gen) * response_mask
+    batch = {**compute.assemble(prompt, prompt_mask, responses, response_mask), "responses": responses,
+             "response_mask": response_mask}
+    tokens = int(batch["attention_mask"].sum())
+    out = []
+    for impl in ("sdpa", "eager"):
+        model = models.load_causal_lm(folder, models.build_config(folder, {}, impl)).train()
+        for packed in (False, True):
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                logp, _ = compute.policy_forward(model, batch, compute.NO_SP, temperature=1.0, with_entropy=False,
+                                                 remove_padding=packed)
+                (logp * response_mask).sum().backward()
+                model.zero_grad(set_to_none=True)
+                times.append(time.perf_counter() - t0)
+            median = statistics.median(times[1:])
+            out.append({"implementation": impl, "layout": "packed" if packed else "padded", "rows": rows,
+                        "padded_tokens": rows * (p + r), "real_tokens": tokens, "s": median, "tokens_per_s": tokens / median})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan and the report
+
+
+def plan(args: argparse.Namespace, folder: Path, work: Path) -> list[tuple[str, list[Side]]]:
+    prompts = 4 if args.quick else 16
+    prompt_len = 16 if args.quick else 64
+    response_len = 8 if args.quick else 64
+    micro = 4 if args.quick else 8
+    max_steps = 1 + args.steps * (args.repeats + 1)
+    text = prompt_text(prompt_len)
+    base = {"folder": str(folder), "work": str(work), "prompts": prompts, "prompt_len": prompt_len,
+            "response_len": response_len, "micro": micro, "max_steps": max_steps, "prompt_text": text,
+            "data": str(make_data(text, prompts, work))}
+    trl_python = str(TRL_VENV / "bin" / "python")
+
+    def side(label: str, kind: str, *, algo: str, n: int, threads: int, ranks: int = 1, **extra: Any) -> Side:
+        cfg = {**base, "algo": algo, "n": n, "threads": threads, "ranks": ranks, **extra}
+        return Side(label, kind, cfg, python=trl_python if kind.startswith("trl") else sys.executable)
+
+    groups = []
+    thread_counts = [2] if args.quick else [1, 2]
+    for threads in thread_counts:
+        ppo = [side(f"attnboard 1 rank x {threads} thread(s)", "attnboard", algo="gae", n=1, threads=threads)]
+        if threads == 2:
+            ppo.append(side("attnboard 2 ranks x 1 thread", "attnboard", algo="gae", n=1, threads=2, ranks=2))
+        ppo += [side(f"TRL PPOTrainer, {threads} thread(s)", "trl-ppo", algo="gae", n=1, threads=threads),
+                side(f"plain torch, {threads} thread(s)", "floor", algo="gae", n=1, threads=threads)]
+        groups.append((f"PPO (gae), {threads} core(s)", ppo))
+    for threads in thread_counts:
+        grpo = [side(f"attnboard 1 rank x {threads} thread(s)", "attnboard", algo="grpo", n=4, threads=threads)]
+        if threads == 2:
+            grpo.append(side("attnboard 2 ranks x 1 thread", "attnboard", algo="grpo", n=4, threads=2, ranks=2))
+        grpo.append(side(f"TRL GRPOTrainer, {threads} thread(s)", "trl-grpo", algo="grpo", n=4, threads=threads))
+        groups.append((f"GRPO (n=4), {threads} core(s)", grpo))
+    growth = []
+    for prompts_n, resp in ((prompts // 2, response_len), (prompts * 2, response_len),
+                            (prompts, response_len // 2), (prompts, response_len * 2)):
+        cfg = {**base, "prompts": prompts_n, "response_len": resp, "data": str(make_data(text, prompts_n, work)),
+               "max_steps": 2 + args.growth_steps - 1, "algo": "gae", "n": 1, "threads": 2, "ranks": 1}
+        growth.append(Side(f"attnboard PPO, {prompts_n} prompts x {resp} response tokens", "attnboard", cfg))
+    groups.append(("growth", growth))
+    return groups
+
+
+def _fmt(x: float | None, unit: str = "s") -> str:
+    return "-" if x is None else f"{x:.2f} {unit}".strip()
+
+
+def report(groups: list[tuple[str, list[Side]]], packing: list[dict[str, Any]], *, args: argparse.Namespace,
+           info: dict[str, Any], started: datetime, loads: tuple, trl_version: str, wall_s: float) -> str:
+    command = "`.venv/bin/python bench/bench_trl.py" + (" --quick" if args.quick else "") + "`"
+    shape = QUICK if args.quick else FULL
+    lines = [
+        "# attnboard's PPO and GRPO step vs TRL and the plain-torch floor"
+        + (" (QUICK MODE: not a result)" if args.quick else ""),
+        "",
+        f"- date: {started.strftime('%Y-%m-%d %H:%M UTC')}; wall time {wall_s / 60:.1f} min",
+        f"- machine: {info['host']}, {info['cpu']}, {info['cores']} cores; load average {load_text(loads[0])} at the "
+        f"start, {load_text(loads[1])} at the end",
+        f"- software: Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, TRL "
+        f"{trl_version} (bench/_work/trl-venv)",
+        f"- command: {command}",
+        f"- shape: Qwen2 {shape}, fp32, sdpa, CPU; {groups[0][1][0].cfg['prompts']} prompts of "
+        f"{groups[0][1][0].cfg['prompt_len']} tokens, {groups[0][1][0].cfg['response_len']} response tokens; 1 epoch, "
+        f"1 mini-batch, micro-batches of {groups[0][1][0].cfg['micro']}; entropy coefficient 0; attnboard with "
+        "use_remove_padding (verl's default)",
+        f"- every side runs with OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} (attnboard's multi-thread ranks' default)",
+        f"- interference: a step during which other processes used more than {args.threshold} cores (machine busy "
+        f"time from /proc/stat minus this benchmark's process tree) is disturbed and taken again, at most "
+        f"{args.repeats} times; medians over undisturbed attempts (flagged * where every attempt was disturbed)",
+        "",
+    ]
+    medians: dict[str, dict[str, float]] = {}
+    for title, sides in groups:
+        if title == "growth":
+            continue
+        lines += [f"## {title}", "", "| side | median s/step | attempts (s, others' cores) | peak RSS: largest process / "
+                  "process tree |", "|---|---:|---|---:|"]
+        for s in sides:
+            if s.unavailable:
+                lines.append(f"| {s.label} | unavailable | {s.unavailable[:160]} | - |")
+                continue
+            attempts = ", ".join(f"{a.step_s:.2f} ({a.others_cores:.2f}{'!' if a.disturbed else ''})" for a in s.attempts)
+            m = s.median_s()
+            medians.setdefault(title, {})[s.label] = m if m is not None else float("nan")
+            lines.append(f"| {s.label} | {_fmt(m)}{' *' if s.flagged() else ''} | {attempts} | "
+                         f"{s.peak_mb[0] / 1024:.2f} / {s.peak_mb[1] / 1024:.2f} GiB |")
+        lines.append("")
+    lines += ["## Ratios at 2 cores (medians)", ""]
+    for algo in ("PPO (gae)", "GRPO (n=4)"):
+        got = medians.get(f"{algo}, 2 core(s)", {})
+        ours = {k: v for k, v in got.items() if k.startswith("attnboard")}
+        trl = {k: v for k, v in got.items() if k.startswith("TRL")}
+        plain = {k: v for k, v in got.items() if k.startswith("plain")}
+        if not ours:
+            continue
+        best_label, best = min(ours.items(), key=lambda kv: kv[1])
+        parts = [f"attnboard's best ({best_label}) {best:.2f} s"]
+        for name, group in (("TRL", trl), ("the 2-thread floor", plain)):
+            if group:
+                value = min(group.values())
+                parts.append(f"{best / value:.2f}x {name} ({value:.2f} s)")
+        lines.append(f"- {algo}: " + "; ".join(parts))
+    lines += ["", "## Packed (use_remove_padding) vs padded, actor forward + backward, mixed lengths", "",
+              "| implementation | layout | rows | tokens in the padded batch | real tokens | s | real tokens/s |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for row in packing:
+        lines.append(f"| {row['implementation']} | {row['layout']} | {row['rows']} | {row['padded_tokens']} | "
+                     f"{row['real_tokens']} | {row['s']:.3f} | {row['tokens_per_s']:.0f} |")
+    growth = dict(groups)["growth"]
+    lines += ["", "## How attnboard's PPO step grows (1 rank x 2 threads)", "",
+              "| prompts x response tokens | median s/step | attempts |", "|---|---:|---|"]
+    for s in growth:
+        attempts = ", ".join(f"{a.step_s:.2f}{'!' if a.disturbed else ''}" for a in s.attempts)
+        lines.append(f"| {s.cfg['prompts']} x {s.cfg['response_len']} | {_fmt(s.median_s())}"
+                     f"{' *' if s.flagged() else ''} | {attempts} |")
+    return "\n".join(lines) + "\n"
+
+
+def setup_trl() -> int:
+    """``bench/_work/trl-venv``: a venv that sees the project's packages (a .pth file) and adds TRL, accelerate and
+    datasets from the package index pip is configured with (``TRL_SPEC``, default ``trl``)."""
+    import subprocess as sp
+
+    TRL_VENV.parent.mkdir(parents=True, exist_ok=True)
+    sp.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+    site = next((TRL_VENV / "lib").glob("python3*/site-packages"))
+    ours = next((ROOT / ".venv" / "lib").glob("python3*/site-packages"))
+    (site / "attnboard-venv.pth").write_text(f"{ours}\n{ROOT}\n")
+    spec = os.environ.get("TRL_SPEC", "trl")
+    return sp.run([str(TRL_VENV / "bin" / "pip"), "install", "-q", spec, "accelerate", "datasets"]).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8, help="measured steps per side (one warm-up step more)")
-    parser.add_argument("--response-length", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "trl.md")
+    parser.add_argument("--quick", action="store_true", help="a tiny shape and one round: checks that every side runs")
+    parser.add_argument("--steps", type=int, default=None, help="measured rounds per group (default 2, quick 1)")
+    parser.add_argument("--growth-steps", type=int, default=1, help="measured steps per growth point")
+    parser.add_argument("--repeats", type=int, default=None, help="retakes of a disturbed step (default 1, quick 0)")
+    parser.add_argument("--threshold", type=float, default=0.25, help="others' cores above which a step is disturbed")
+    parser.add_argument("--setup-trl", action="store_true", help="make bench/_work/trl-venv first")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    args.steps = args.steps if args.steps is not None else (1 if args.quick else 2)
+    args.repeats = args.repeats if args.repeats is not None else (0 if args.quick else 1)
+    out = args.out or (WORK / "trl_quick.md" if args.quick else ROOT / "bench" / "results" / "trl.md")
+    if args.setup_trl and setup_trl() != 0:
+        return 1
+    if not (TRL_VENV / "bin" / "python").exists():
+        print(f"no {TRL_VENV}: run with --setup-trl once", file=sys.stderr)
+        return 2
+    trl_version = subprocess.run([str(TRL_VENV / "bin" / "python"), "-c", "import trl; print(trl.__version__)"],
+                                 capture_output=True, text=True).stdout.strip() or "not installed"
 
-    started, load_start, info, cache_dir, folder = start_problem()
-    ours, trl = Side("attnboard"), Side("TRL 1.12.0")
-    stepper = TrlStepper(trl, steps=args.steps, response_length=args.response_length, folder=folder,
-                         out_dir=WORK / "trl-out")
-    with local_ray():
-        run_attnboard(ours, steps=args.steps, response_length=args.response_length, cache_dir=cache_dir,
-                      run_id=f"bench-trl-{os.getpid()}", between_steps=stepper.step)
-        stepper.finish()
-    for i, (a, t) in enumerate(zip(ours.tokens_per_s, trl.tokens_per_s, strict=True), start=1):
-        print(f"step {i}: attnboard {a:.1f} tokens/s, TRL {t:.1f} tokens/s, ratio {a / t:.2f}x")
-    text = report(ours, trl, args=args, info=info, started=started, load=(load_start, os.getloadavg()),
-                  gc_s=gc_collect_s())
+    started, load_start, t0 = datetime.now(UTC), os.getloadavg(), time.perf_counter()
+    info = machine()
+    work = WORK / ("quick" if args.quick else "full")
+    work.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(QUICK if args.quick else FULL, work)
+    groups = plan(args, folder, work)
+    for title, sides in groups:
+        print(f"{title}:", flush=True)
+        steps = args.growth_steps if title == "growth" else args.steps
+        run_group(sides, steps=steps, repeats=0 if title == "growth" else args.repeats, threshold=args.threshold)
+    print("packed vs padded ...", flush=True)
+    packing = packing_case(folder, threads=2, rows=4 if args.quick else 8, max_len=32 if args.quick else 256,
+                           repeats=1 if args.quick else 3)
+    text = report(groups, packing, args=args, info=info, started=started, loads=(load_start, os.getloadavg()),
+                  trl_version=trl_version, wall_s=time.perf_counter() - t0)
     print(text)
-    write_result(args.out, text)
+    write_result(out, text)
     return 0
 
 

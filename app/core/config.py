@@ -92,16 +92,18 @@ class Settings(BaseSettings):
         0,
         ge=0,
         le=4096,
-        description="CPUs the embedded Ray head offers (each CPU rank takes one); 0 means the machine's CPU "
-        "count. Ignored when RAY_ADDRESS is set.",
+        description="CPUs the embedded Ray head offers (a run's CPU ranks share them, each running as many torch "
+        "threads as it holds, unless the spec sets attnboard.rank_cpus); 0 means the machine's CPU count. Ignored "
+        "when RAY_ADDRESS is set.",
     )
     WARM_RANKS: int = Field(
         1,
         ge=0,
         le=1024,
         description="Rank workers the engine keeps started between runs, so a run that fits in them starts "
-        "without waiting for new processes; each holds what a rank asks Ray for (1 CPU, plus 1 GPU on cuda) "
-        "and the scheduler counts idle ones as free. 0 starts new rank workers for every run.",
+        "without waiting for new processes; each holds what a rank of a run of that many ranks asks Ray for "
+        "(its share of the CPUs, plus 1 GPU on cuda) and the scheduler counts idle ones as free. 0 starts new rank "
+        "workers for every run.",
     )
     WARM_DEVICE: Literal["cpu", "cuda"] = Field(
         "cpu",

@@ -4,8 +4,8 @@ run's controller and keeps warm rank actors), started FIFO when the cluster has 
 Submitting only checks that Ray is reachable (503 otherwise; the run stays ``queued`` with its spec)
 and wakes the scheduler. The scheduler (``schedule``, called by the supervisor thread in
 ``app.services.pump``) reads the queue from the database: queued runs without a controller, oldest
-first. A run starts when its ranks fit (1 CPU per rank on CPU; 1 CPU + 1 GPU per rank otherwise, as
-the controller asks Ray); otherwise it stays ``queued`` and ``status_reason`` says what it waits for.
+first. A run starts when its ranks fit (per rank the CPUs ``worker.core.devices.rank_cpus`` gives, plus
+1 GPU off CPU, as the controller asks Ray); otherwise it stays ``queued`` and ``status_reason`` says what it waits for.
 A run that needs more than the whole cluster does not hold up the runs behind it.
 
 Attention trials are on the same queue (``app.services.trials``): a queued trial needs what a run of its
@@ -34,7 +34,7 @@ from app.services.launcher import LauncherUnavailable
 from app.services.ray_runtime import RayRuntime, RayUnavailable
 from app.services.trials import engine_request, job_name
 from worker.core.contract import ACTIVE, TERMINAL, run_name
-from worker.core.devices import run_resources
+from worker.core.devices import Cluster, rank_cpus, run_resources
 
 log = logging.getLogger("attnboard.scheduler")
 
@@ -56,13 +56,15 @@ class Need:
     resources: Mapping[str, float]
 
     @classmethod
-    def of_spec(cls, spec: Mapping[str, Any]) -> Need:
-        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each asking what
-        ``worker.core.devices.rank_resources`` says (1 CPU, plus 1 GPU off CPU)."""
+    def of_spec(cls, spec: Mapping[str, Any], cluster: Cluster) -> Need:
+        """From a stored spec tree: one rank per ``nnodes x n_gpus_per_node``, each the CPUs ``rank_cpus`` gives
+        for ``attnboard.rank_cpus`` on ``cluster``, plus 1 GPU off CPU."""
         trainer = spec.get("trainer", {}) if isinstance(spec, Mapping) else {}
+        ours = spec.get("attnboard", {}) if isinstance(spec, Mapping) else {}
         world = int(trainer.get("nnodes", 1)) * int(trainer.get("n_gpus_per_node", 1))
         device = trainer.get("device", "cuda")
-        return cls(run_resources(device, world))
+        cpus = rank_cpus(int(ours.get("rank_cpus", 0) or 0), device=device, world=world, cluster=cluster)
+        return cls(run_resources(device, world, cpus))
 
     def fits(self, free: Mapping[str, float]) -> bool:
         return all(free.get(k, 0.0) >= v for k, v in self.resources.items())
@@ -276,12 +278,13 @@ class RayLauncher:
         except Exception as exc:
             log.warning("%s %s: could not stop it in the engine host: %s", kind, key, exc)
 
-    def cluster_resources(self) -> tuple[dict[str, float], dict[str, float]]:
-        """(total, available); available includes what the engine's idle warm ranks hold, since a run takes
-        those first."""
+    def cluster_resources(self) -> tuple[dict[str, float], dict[str, float], Cluster]:
+        """(total, available, the CPUs a rank's share derives from); available includes what the engine's idle
+        warm ranks hold, since a run takes those first."""
         import ray
 
         total, available = dict(ray.cluster_resources()), dict(ray.available_resources())
+        nodes = Cluster.of_nodes(ray.nodes())
         host = self.find_host()
         if host is not None:
             try:
@@ -291,7 +294,7 @@ class RayLauncher:
                 idle = {}
             for key, amount in idle.items():
                 available[key] = available.get(key, 0.0) + amount
-        return total, available
+        return total, available, nodes
 
     def cluster_total(self) -> dict[str, float]:
         """What the cluster has in all (preflight: resources it can never offer); raises LauncherUnavailable."""
@@ -355,7 +358,7 @@ def schedule(session: Session, launcher: RayLauncher) -> list[int]:
         return []
     try:
         launcher.connect()
-        total, available = launcher.cluster_resources()
+        total, available, nodes = launcher.cluster_resources()
     except LauncherUnavailable as exc:
         _set_reasons(session, {run.id: f"waiting for Ray: {exc}" for run in queued})
         _set_trial_reasons(session, {trial.id: f"waiting for Ray: {exc}" for trial in trials})
@@ -363,11 +366,11 @@ def schedule(session: Session, launcher: RayLauncher) -> list[int]:
     held_rows = session.exec(select(Run.spec).where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).all()
     held_rows += session.exec(select(Trial.spec).where(col(Trial.status).in_(TRIAL_ACTIVE),
                                                        col(Trial.engine_job).is_not(None))).all()
-    free = free_resources(total, available, [Need.of_spec(spec) for spec in held_rows])
+    free = free_resources(total, available, [Need.of_spec(spec, nodes) for spec in held_rows])
     jobs: dict[Job, Run | Trial] = {Job("run", run.id): run for run in queued}
     jobs.update({Job("trial", trial.id): trial for trial in trials})
     order = sorted(jobs, key=lambda job: (jobs[job].created_at, job.kind, job.id))
-    decisions = plan_queue([(job, Need.of_spec(jobs[job].spec)) for job in order], free, total, label=str)
+    decisions = plan_queue([(job, Need.of_spec(jobs[job].spec, nodes)) for job in order], free, total, label=str)
     started = []
     for decision in decisions:
         job = decision.key

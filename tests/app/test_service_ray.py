@@ -117,13 +117,14 @@ def test_a_dead_engine_host_restarts_its_run_through_a_new_host_from_its_checkpo
     interrupted write, and ends with one metric per step and the weights of an uninterrupted run of the same
     spec. A is then resumed from its newest checkpoint (POST .../resume)."""
     app, client = served
-    spec = tiny_run_spec(steps=10, ranks=2, **{"trainer.save_freq": 2})
+    # 1 CPU per rank, set: both runs fit the 4 CPUs side by side (a derived share would give A all of them)
+    spec = tiny_run_spec(steps=10, ranks=2, **{"trainer.save_freq": 2, "attnboard.rank_cpus": 1})
     reference = _done(client, client.post("/api/runs", json={"name": "reference", "spec": spec}).json()["id"])
     assert reference["status"] == "succeeded", reference["status_reason"]
     ref_folder = Path(client.get(f"/api/runs/{reference['id']}/checkpoints").json()["folder"])
 
     a = client.post("/api/runs", json={"name": "no-restart", "spec": tiny_run_spec(
-        steps=200, **{"attnboard.max_restarts": 0, "trainer.save_freq": 2})}).json()["id"]
+        steps=200, **{"attnboard.max_restarts": 0, "trainer.save_freq": 2, "attnboard.rank_cpus": 1})}).json()["id"]
     b = client.post("/api/runs", json={"name": "host-kill", "spec": spec}).json()["id"]
 
     def hold(run_id: int, step: int, rank: int) -> Path:
@@ -192,7 +193,9 @@ def test_a_run_the_cluster_can_never_fit_is_refused_with_409_naming_the_resource
 
 def test_a_queued_run_starts_when_the_run_before_it_frees_its_cpus(served):
     _, client = served
-    first = client.post("/api/runs", json={"name": "fifo-1", "spec": tiny_run_spec(steps=1, ranks=2)}).json()["id"]
+    # the first run's 2 ranks hold 1 CPU each (set: a derived share would give them all 4)
+    first = client.post("/api/runs", json={"name": "fifo-1", "spec": tiny_run_spec(
+        steps=1, ranks=2, **{"attnboard.rank_cpus": 1})}).json()["id"]
     wait_until(client, first, lambda r: r["ray_job"] is not None, timeout=30, what="launched")
     second = client.post("/api/runs", json={"name": "fifo-2", "spec": tiny_run_spec(
         steps=1, ranks=CLUSTER_CPUS, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,

@@ -16,9 +16,13 @@ from app.models import EventKind, storable_problem
 from app.services.pump import RunChanges, attention_summary, gone_events, max_restarts_of, storable, to_event_create
 from app.services.ray_launcher import Job, Need, free_resources, never_fits, plan_queue, wait_reason
 from app.services.ray_runtime import HeadRecord, head_command, is_loopback, ray_token_available, split_address
+from worker.core.devices import Cluster, rank_cpus
 
 # --------------------------------------------------------------------------------------------
 # Resources
+
+
+ONE_CPU_EACH = Cluster(total_cpus=3, node_cpus=1)  # three 1-CPU nodes: a derived rank takes 1 CPU
 
 
 @pytest.mark.parametrize("trainer,expected", [
@@ -28,7 +32,44 @@ from app.services.ray_runtime import HeadRecord, head_command, is_loopback, ray_
     ({"device": "npu", "n_gpus_per_node": 1, "nnodes": 1}, {"CPU": 1, "GPU": 1}),
 ])
 def test_need_of_spec_mirrors_what_each_rank_asks_ray(trainer, expected):
-    assert dict(Need.of_spec({"trainer": trainer}).resources) == expected
+    assert dict(Need.of_spec({"trainer": trainer}, ONE_CPU_EACH).resources) == expected
+
+
+@pytest.mark.parametrize("rank_cpus,world,cluster,expected", [
+    (None, 1, Cluster(2, 2), {"CPU": 2}),  # one rank on the 2-core embedded head holds both cores
+    (0, 2, Cluster(2, 2), {"CPU": 2}),  # two ranks share them, one each
+    (0, 3, Cluster(2, 2), {"CPU": 3}),  # never less than 1 per rank (the run waits for a bigger cluster)
+    (0, 1, Cluster(16, 4), {"CPU": 4}),  # never more than the smallest node has
+    (0, 2, Cluster(16, 8), {"CPU": 16}),
+    (3, 2, Cluster(2, 2), {"CPU": 6}),  # set: asked as set
+])
+def test_need_of_spec_counts_the_cpus_each_rank_derives(rank_cpus, world, cluster, expected):
+    spec = {"trainer": {"device": "cpu", "n_gpus_per_node": world, "nnodes": 1}}
+    if rank_cpus is not None:
+        spec["attnboard"] = {"rank_cpus": rank_cpus}
+    assert dict(Need.of_spec(spec, cluster).resources) == expected
+
+
+def test_cluster_of_ray_nodes_reads_alive_nodes_cpus():
+    nodes = [{"Alive": True, "Resources": {"CPU": 8.0}}, {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
+             {"Alive": False, "Resources": {"CPU": 1.0}}, {"Alive": True, "Resources": {"memory": 1.0}}]
+    assert Cluster.of_nodes(nodes) == Cluster(total_cpus=10.0, node_cpus=2.0)
+    assert Cluster.of_nodes([]) == Cluster(0.0, 0.0)
+    assert rank_cpus(0, device="cpu", world=1, cluster=Cluster(0.0, 0.0)) == 1
+
+
+@pytest.mark.parametrize("setting,world,free,expected", [
+    (0, 2, 4.0, 2), (0, 2, 2.0, 1), (0, 2, 0.0, 1), (0, 1, 3.5, 3), (0, 1, None, 4), (3, 2, 0.0, 3),
+])
+def test_a_derived_share_shrinks_to_what_is_free_at_launch(setting, world, free, expected):
+    """At launch the engine derives from what is free now (another holder the queue did not count, a run's
+    ranks still being released); a set count is asked as set."""
+    assert rank_cpus(setting, device="cpu", world=world, cluster=Cluster(4, 4), free_cpus=free) == expected
+
+
+def test_rank_cpus_names_the_key_of_a_negative_setting():
+    with pytest.raises(ValueError, match=r"attnboard.rank_cpus: -1 is negative; valid: 0 \(derived from the cluster\) or more"):
+        rank_cpus(-1, device="cpu", world=1, cluster=Cluster(2, 2))
 
 
 @pytest.mark.parametrize("need,free,total,expected", [

@@ -68,6 +68,7 @@ class Rule(str, Enum):
     fa_hub_offline = "flash-attn-hub-offline"
     fa_head_dim = "flash-attn-head-dim"
     sdpa_head_dim = "sdpa-gqa-head-dim"
+    remove_padding = "remove-padding-cost"
 
 
 @dataclass(frozen=True)

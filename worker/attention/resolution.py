@@ -18,6 +18,7 @@ from enum import Enum
 from worker.attention import messages
 from worker.attention.availability import Context, ModelSupport, Reason, Rule, candidates, walk
 from worker.attention.kernel_sources import MAX_FLASH_HEAD_DIM, SDPA_GQA_COMMENT, KernelSource, flash_kernel_source
+from worker.attention.packing import remove_padding_cost
 from worker.attention.rollout_engines import EngineChoice, engine_choice
 from worker.attention.verl_engines import EngineAttention, verl_engine_view
 from worker.core.environment import Environment
@@ -99,6 +100,7 @@ class _RoleInput:
     sp: int
     trained: bool
     support: ModelSupport | None
+    remove_padding: bool = True  # the role's model.use_remove_padding
     model: ModelInfo | None = None
 
 
@@ -161,6 +163,8 @@ def _resolve_role(spec: RunSpec, env: Environment, inp: _RoleInput) -> RoleResol
                                       f"passes enable_gqa to SDPA only for head dims up to {MAX_FLASH_HEAD_DIM} "
                                       f"(\"{SDPA_GQA_COMMENT}\"), so it repeats the key/value heads and torch runs "
                                       f"the math kernel, O(S^2) memory (transformers #46960)."))
+            reasons.append(Reason(Rule.remove_padding.value,
+                                  remove_padding_cost(candidate, remove_padding=inp.remove_padding, sp=inp.sp)))
             if candidate != requested:
                 return done(candidate, Status.fallback.value, first_error, attempts)
             return done(candidate, Status.ok.value, attempts=attempts)
@@ -195,7 +199,7 @@ def resolve(
     out = Resolution(environment=env.name, policy=spec.attnboard.fallback_policy, model_engine=spec.model_engine)
     actor_strategy = arr.actor.strategy
     shared = {"override_config": arr.model.override_config, "strategy": actor_strategy, "sp": spec.actor_sp,
-              "support": actor_support, "model": actor_model}
+              "support": actor_support, "model": actor_model, "remove_padding": arr.model.use_remove_padding}
 
     actor = _resolve_role(spec, env, _RoleInput(Role.actor.value, section, trained=Role.actor.trains, **shared))
     out.roles["actor"] = actor
@@ -210,7 +214,8 @@ def resolve(
         critic_section = f"{Role.critic.model_section}.override_config"
         critic = _resolve_role(spec, env, _RoleInput(
             Role.critic.value, critic_section, spec.critic.model.override_config, spec.critic.strategy, spec.critic_sp,
-            trained=Role.critic.trains, support=critic_support, model=critic_model))
+            trained=Role.critic.trains, support=critic_support, model=critic_model,
+            remove_padding=spec.critic.model.use_remove_padding))
         if critic.source == "override":
             critic = replace(critic, reasons=(
                 *critic.reasons, Reason(Rule.verl_critic_defect.value,
@@ -238,7 +243,7 @@ def _rollout(spec: RunSpec, env: Environment, actor: RoleResolution) -> RoleReso
     rollout runs (requested, effective, status). Under verl, a vLLM/SGLang/TensorRT-LLM rollout runs its own
     backend, which override_config does not reach (``under_verl``)."""
     name = spec.actor_rollout_ref.rollout.name
-    reasons = [*actor.reasons,
+    reasons = [*(r for r in actor.reasons if r.rule != Rule.remove_padding.value),  # generation does not pack
                Reason(Rule.shared_section.value, "under attnboard, rollout generates with the actor's HF model and "
                                                  "weights: the actor's implementation.")]
     given = verl_keys(spec)

@@ -71,6 +71,9 @@ class AttentionPayload:
     """The first forward asked for the attention weights (``attnboard.debug.output_attentions``) and got them."""
     gradient_checkpointing: bool = False
     """Gradient checkpointing was applied to the role's module."""
+    remove_padding: bool = False
+    """Micro-batches ran packed into one row with ``position_ids`` and no mask (``model.use_remove_padding``, as
+    verl runs it); false: padded rows (generation always runs padded rows with a KV cache)."""
     node: str | None = None
     """The node the rank ran on."""
     pid: int | None = None

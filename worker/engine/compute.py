@@ -99,20 +99,26 @@ def unsharded(model: torch.nn.Module) -> Iterator[None]:
     """Keep an FSDP2 model's parameters gathered across many forwards (a rollout's decode loop): one
     all-gather per unit for the whole loop instead of one per unit per generated token.
 
-    Inside, no unit reshards after its forward; on exit every unit reshards and gets back
-    ``fully_shard``'s defaults (layers reshard after forward, the root keeps its parameters). FSDP1 and
-    unwrapped models pass through: FSDP1 forbids forwards inside ``summon_full_params``.
+    Inside, no unit reshards after its forward; on exit every unit reshards and gets back what it had
+    (a layer its ``reshard_after_forward``, the root ``fully_shard``'s default: it keeps its parameters).
+    FSDP1 and unwrapped models pass through: FSDP1 forbids forwards inside ``summon_full_params``.
     """
     units = fsdp2_units(model)
+    before = [(unit, unit is not model and _reshards_after_forward(unit)) for unit in units]
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
     try:
         yield
     finally:
-        for unit in units:
-            unit.set_reshard_after_forward(unit is not model, recurse=False)
+        for unit, reshards in before:
+            unit.set_reshard_after_forward(reshards, recurse=False)
             unit.reshard()
+
+
+def _reshards_after_forward(unit: FSDPModule) -> bool:
+    """Whether an FSDP2 unit frees its gathered parameters after its forward (its ``reshard_after_forward``)."""
+    return any(group.post_forward_mesh_info is not None for group in unit._get_fsdp_state()._fsdp_param_groups)
 
 
 @torch.no_grad()
@@ -126,24 +132,38 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     prompt_ids, prompt_mask: (N, P) left-padded -> responses, response_mask, rollout_log_probs: (N, R),
     R = max_new_tokens; the EOS token is part of the response; after it the row is padding.
 
-    Under FSDP every rank must run the same number of forwards (each one may gather parameters), so
-    the loop stops only when the rows of every rank in ``sync_group`` are finished. An FSDP2 model is
-    gathered once around the whole loop (``unsharded``).
+    An FSDP2 model is gathered once around the whole loop (``unsharded``): its decode forwards run no
+    collective, so each rank stops when its own rows are finished. Under FSDP1 every forward gathers
+    parameters, so every rank must run the same number of them: the loop stops only when the rows of
+    every rank in ``sync_group`` are finished (one all-reduce per token, ``decodes_in_lockstep``).
+
+    The n samples of a prompt (consecutive identical rows, ``prompt_groups``) share its prefill: the
+    prompt runs once and its KV cache and last logits are copied to its n rows before the first sample.
     """
     n = prompt_ids.shape[0]
     device = prompt_ids.device
     mask = prompt_mask.clone()  # (N, P + t)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, P)
-    inputs = prompt_ids
+    world = dist.get_world_size(sync_group) if sync_group is not None else 1
+    lockstep = decodes_in_lockstep(model, world)
+    unique, expand = prompt_groups(prompt_ids, prompt_mask)  # (U,), (N,)
+    shared = len(unique) < n
+    inputs, prefill_mask, prefill_pos = ((prompt_ids[unique], mask[unique], position_ids[unique]) if shared
+                                         else (prompt_ids, mask, position_ids))  # (U or N, P)
     cache: dict[str, object] = {}  # the KV cache under the name this transformers uses (see ``_cache_of``)
     tokens, logps, alive_steps = [], [], []
     alive = torch.ones(n, dtype=torch.bool, device=device)  # (N,)
     with unsharded(model):
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             with autocast(device.type, compute_dtype):
-                out = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids, use_cache=True, **cache)
+                out = model(input_ids=inputs, attention_mask=prefill_mask if step == 0 else mask,
+                            position_ids=prefill_pos if step == 0 else position_ids, use_cache=True, **cache)
             cache = _cache_of(out)
-            token, logp = sample_next(out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p,
+            last = out.logits[:, -1, :]  # (U or N, V)
+            if step == 0 and shared:
+                next(iter(cache.values())).reorder_cache(expand)  # (U, ...) -> (N, ...): each prompt's n rows
+                last = last[expand]  # (N, V)
+            token, logp = sample_next(last.float(), temperature=temperature, top_p=top_p,
                                       do_sample=do_sample, generator=generator)  # (N,), (N,)
             token = torch.where(alive, token, torch.full_like(token, pad_token_id))
             tokens.append(token)
@@ -152,7 +172,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
             if eos_token_id is not None:
                 alive = alive & (token != eos_token_id)
             remaining = torch.tensor([int(alive.any())], dtype=torch.long, device=device)  # nccl reduces on the GPU
-            if sync_group is not None and dist.get_world_size(sync_group) > 1:
+            if lockstep:
                 dist.all_reduce(remaining, group=sync_group)
             if int(remaining) == 0:
                 break
@@ -167,6 +187,25 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     response_mask[:, :steps] = torch.stack(alive_steps, dim=1).long()  # (N, steps)
     rollout_log_probs[:, :steps] = torch.stack(logps, dim=1)  # (N, steps)
     return {"responses": responses, "response_mask": response_mask, "rollout_log_probs": rollout_log_probs}
+
+
+def decodes_in_lockstep(model: torch.nn.Module, world: int) -> bool:
+    """Whether the ranks' decode loops must agree on every token: only for a model whose forwards are
+    collectives during the rollout (FSDP1, which gathers in every forward) in a world of several ranks.
+    An FSDP2 model is gathered once for the whole loop (``unsharded``) and an unwrapped one holds all
+    its weights: their ranks decode on their own."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return world > 1 and any(isinstance(m, FSDP) for m in model.modules())
+
+
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, P) prompts -> (the first row of each run of identical consecutive rows (U,), each row's run (N,)),
+    so ``x[unique][expand]`` is ``x`` for any per-prompt ``x``: the n samples of a GRPO group share a prompt
+    and sit next to each other (``repeat_interleave``)."""
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(-1) & (prompt_mask[1:] == prompt_mask[:-1]).all(-1)  # (N - 1,)
+    new = torch.cat([torch.ones(1, dtype=torch.bool, device=prompt_ids.device), ~same])  # (N,)
+    return new.nonzero().squeeze(-1), new.cumsum(0) - 1
 
 
 def _cache_of(out) -> dict[str, object]:
@@ -204,9 +243,9 @@ NO_SP = SeqParallel(None, 1, 0)
 
 def _forward_outputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel,
                      compute_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the model over (N, L) sequences in ``compute_dtype`` -> (logits (N, L_loc, V or 1) in that dtype,
-    labels (N, L_loc)), local to this SP rank when sp > 1, where L_loc = L_pad / sp and L_pad is L rounded
-    up to a multiple of sp."""
+    """Run the model over (N, L) padded sequences in ``compute_dtype`` -> (logits (N, L_loc, V or 1) in that
+    dtype, labels (N, L_loc)), local to this SP rank when sp > 1, where L_loc = L_pad / sp and L_pad is L
+    rounded up to a multiple of sp."""
     input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
     labels = torch.roll(input_ids, shifts=-1, dims=1)  # (N, L): the token each position predicts
     if sp.sp == 1:
@@ -237,26 +276,125 @@ def response_slice(x: torch.Tensor, response_length: int) -> torch.Tensor:
     return x[:, total - response_length - 1: total - 1]  # (N, R)
 
 
+# ---- remove padding (verl's use_remove_padding) and the output layer over response positions only
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A micro-batch of (N, L) padded rows as one (1, T) row of its T real tokens, as verl's
+    ``use_remove_padding`` runs it: ``position_ids`` restart at 0 with every sequence and there is no
+    attention mask. FlashAttention runs such a row as varlen (one sequence per run of positions);
+    transformers gives sdpa and eager a block-diagonal causal mask it infers from ``position_ids``
+    (``masking_utils.find_packed_sequence_indices``), a (T, T) mask, so their cost grows with T^2 where
+    varlen's grows with the sum of each sequence's length squared. transformers infers that mask only
+    without a KV cache: every packed forward passes ``use_cache=False`` (with a cache the sequences
+    would attend across each other, silently)."""
+
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (1, T)
+    index: torch.Tensor  # (N, L): each real token's place in the packed row, -1 for padding
+
+    @classmethod
+    def of(cls, batch: dict[str, torch.Tensor]) -> Packed:
+        valid = batch["attention_mask"].bool()  # (N, L)
+        index = torch.where(valid, valid.flatten().cumsum(0).view_as(valid) - 1, -1)  # (N, L)
+        return cls(batch["input_ids"][valid][None], batch["position_ids"][valid][None], index)
+
+
+def response_reads(attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
+    """(N, P + R) attention mask -> (N, R) bool: response token j is read at position P - 1 + j, a real
+    token whenever token j is (the response mask is a prefix of ones)."""
+    return response_slice(attention_mask, response_length).bool()
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the (FSDP1-unwrapped) model's forward takes ``logits_to_keep`` (transformers' causal LMs do):
+    the output layer then runs over the kept positions only."""
+    import inspect
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    inner = model.module if isinstance(model, FSDP) else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
+def _model_outputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], compute_dtype: str, *,
+                   remove_padding: bool, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """sp == 1: the model's outputs at the positions that read the response tokens -> (outputs (N, R, C)
+    padded, or (K, C) packed: one row per True of ``response_reads`` in row order; the reads (N, R)).
+
+    With ``keep`` (a causal LM's output layer, C = V) only those positions go through the output layer
+    (``logits_to_keep``): the prompt's positions never reach it. Otherwise (the critic's one-column head)
+    every position's output is computed and the response positions are picked."""
+    input_ids = batch["input_ids"]
+    length, r = input_ids.shape[1], batch["responses"].shape[1]
+    reads = response_reads(batch["attention_mask"], r)  # (N, R)
+    if remove_padding:
+        packed = Packed.of(batch)
+        at = response_slice(packed.index, r)[reads]  # (K,): where each read sits in the packed row
+        inputs: dict = {"input_ids": packed.input_ids, "position_ids": packed.position_ids}
+    else:
+        at = torch.arange(length - r - 1, length - 1, device=input_ids.device)  # (R,)
+        inputs = {"input_ids": input_ids, "attention_mask": batch["attention_mask"], "position_ids": batch["position_ids"]}
+    if keep:
+        inputs["logits_to_keep"] = at
+    with autocast(input_ids.device.type, compute_dtype):
+        out = model(**inputs, use_cache=False).logits  # (N or 1, R or K or T or L, C)
+    if not keep:
+        out = out[:, at]
+    return (out[0] if remove_padding else out), reads
+
+
+def _place(values: torch.Tensor, reads: torch.Tensor, remove_padding: bool) -> torch.Tensor:
+    """Per-read values -> (N, R): packed (K,) values go to their reads, 0 where a row has no token."""
+    if not remove_padding:
+        return values  # (N, R) already
+    out = values.new_zeros(reads.shape)  # (N, R)
+    out[reads] = values
+    return out
+
+
 def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel, *, temperature: float,
-                   with_entropy: bool, compute_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool, compute_dtype: str = "float32", remove_padding: bool = False,
+                   entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> log-probs (N, R) of the response tokens and, if asked, the entropy (N, R) of each prediction, in
-    fp32 whatever the compute dtype of the forward."""
+    fp32 whatever the compute dtype of the forward.
+
+    Without sequence parallelism the output layer runs over the response positions only, on padded rows
+    or, with ``remove_padding``, on the micro-batch packed into one row (``Packed``). ``entropy_grad=False``
+    computes the entropy outside autograd (an entropy coefficient of 0: its value is a metric, its
+    backward would be wasted)."""
     length, r = batch["input_ids"].shape[1], batch["responses"].shape[1]
+    if sp.sp == 1:
+        logits, reads = _model_outputs(model, batch, compute_dtype, remove_padding=remove_padding,
+                                       keep=_takes_logits_to_keep(model))  # (N, R, V) or (K, V)
+        labels = batch["responses"][reads] if remove_padding else batch["responses"]  # (K,) or (N, R)
+        logits = logits.float() / temperature  # fp32 from here on, as verl computes log-probs
+        log_probs = _place(ppo_math.logprobs_from_logits(logits, labels), reads, remove_padding)  # (N, R)
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = _place(ppo_math.entropy_from_logits(logits), reads, remove_padding)  # (N, R)
+        return log_probs, entropy
     logits, labels = _forward_outputs(model, batch, sp, compute_dtype)  # (N, L_loc, V), (N, L_loc)
-    logits = logits.float() / temperature  # fp32 from here on, as verl computes log-probs
+    logits = logits.float() / temperature
     logp = ppo_math.logprobs_from_logits(logits, labels)  # (N, L_loc)
     log_probs = response_slice(_gather(logp, sp, length), r)  # (N, R)
     entropy = None
     if with_entropy:
-        ent = ppo_math.entropy_from_logits(logits)  # (N, L_loc)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = ppo_math.entropy_from_logits(logits)  # (N, L_loc)
         entropy = response_slice(_gather(ent, sp, length), r)  # (N, R)
     return log_probs, entropy
 
 
 def value_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: SeqParallel, *,
-                  compute_dtype: str = "float32") -> torch.Tensor:
+                  compute_dtype: str = "float32", remove_padding: bool = False) -> torch.Tensor:
     """Critic (token classification, 1 label) -> values (N, R) in fp32: V of the state before each response token."""
     length, r = batch["input_ids"].shape[1], batch["responses"].shape[1]
+    if sp.sp == 1:
+        out, reads = _model_outputs(model, batch, compute_dtype, remove_padding=remove_padding, keep=False)
+        return _place(out.float().squeeze(-1), reads, remove_padding)  # (N, R)
     logits, _ = _forward_outputs(model, batch, sp, compute_dtype)  # (N, L_loc, 1)
     values = logits.float().squeeze(-1)  # (N, L_loc)
     return response_slice(_gather(values, sp, length), r)  # (N, R)
@@ -278,6 +416,21 @@ class ActorSettings:
     kl_loss_type: str
     grad_clip: float
     temperature: float
+    on_policy: bool = False  # verl's condition (one epoch, one mini-batch): the old log-probs are this forward's
+
+
+def on_policy(*, ppo_epochs: int, rows: int, mini_batch: int, kl_in_reward: bool) -> bool:
+    """verl's ``dp_actor`` condition for skipping the old-log-prob forward: one epoch of one mini-batch, so the
+    update's own forward (every micro-batch runs before the one optimizer step) sees the rollout's policy and
+    its log-probs, detached, are the old ones. A KL penalty in the reward needs them before the update, so it
+    keeps the separate forward.
+
+    >>> on_policy(ppo_epochs=1, rows=8, mini_batch=8, kl_in_reward=False)
+    True
+    >>> on_policy(ppo_epochs=2, rows=8, mini_batch=8, kl_in_reward=False)
+    False
+    """
+    return ppo_epochs == 1 and mini_batch >= rows and not kl_in_reward
 
 
 @dataclass(frozen=True)
@@ -296,15 +449,22 @@ def iter_minibatches(batch: dict[str, torch.Tensor], size: int):
 
 
 def actor_loss(model: torch.nn.Module, micro: dict[str, torch.Tensor], sp: SeqParallel,
-               settings: ActorSettings, *, compute_dtype: str = "float32") -> tuple[torch.Tensor, dict[str, float]]:
-    """The actor's loss on one micro-batch (fp32): clipped policy loss - entropy bonus (+ KL loss)."""
+               settings: ActorSettings, *, compute_dtype: str = "float32", remove_padding: bool = False,
+               seen: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The actor's loss on one micro-batch (fp32): clipped policy loss - entropy bonus (+ KL loss). At an
+    entropy coefficient of 0 the entropy is a metric only: no backward runs through it. On policy
+    (``settings.on_policy``) the old log-probs are this forward's, detached (the ratio is 1, its gradient
+    the policy gradient); ``seen`` collects each forward's (log-probs, entropy)."""
     log_prob, entropy = policy_forward(model, micro, sp, temperature=settings.temperature,
-                                       with_entropy=True, compute_dtype=compute_dtype)
+                                       with_entropy=True, compute_dtype=compute_dtype, remove_padding=remove_padding,
+                                       entropy_grad=settings.entropy_coeff != 0)
     mask = micro["response_mask"]
-    pg_loss, metrics = ppo_math.compute_policy_loss(micro["old_log_probs"], log_prob, micro["advantages"], mask,
-                                                    settings.clip_ratio)
+    old = log_prob.detach() if settings.on_policy else micro["old_log_probs"]
+    pg_loss, metrics = ppo_math.compute_policy_loss(old, log_prob, micro["advantages"], mask, settings.clip_ratio)
+    if seen is not None:  # this forward's log-probs and entropy, for the step's metrics
+        seen.append((log_prob.detach(), entropy.detach()))
     entropy_loss = ppo_math.agg_loss(entropy, mask)
-    loss = pg_loss - settings.entropy_coeff * entropy_loss
+    loss = pg_loss - settings.entropy_coeff * entropy_loss if settings.entropy_coeff != 0 else pg_loss
     metrics["actor/entropy"] = float(entropy_loss.detach())
     if settings.use_kl_loss:
         kl_loss, kl_metrics = ppo_math.compute_kl_loss(log_prob, micro["ref_log_prob"], mask, settings.kl_loss_type)
@@ -390,21 +550,24 @@ def _ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch:
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                  sp: SeqParallel, settings: ActorSettings, *, compute_dtype: str = "float32",
-                 scaler=None) -> dict[str, float]:
-    """The actor's PPO update: clipped policy loss (+ entropy bonus, + KL loss)."""
+                 scaler=None, remove_padding: bool = False,
+                 seen: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> dict[str, float]:
+    """The actor's PPO update: clipped policy loss (+ entropy bonus, + KL loss). ``seen`` collects each
+    micro-batch forward's (log-probs, entropy) in row order (on policy: the step's old log-probs)."""
     return _ppo_update(model, optimizer, batch,
-                       loss_fn=lambda micro: actor_loss(model, micro, sp, settings, compute_dtype=compute_dtype),
+                       loss_fn=lambda micro: actor_loss(model, micro, sp, settings, compute_dtype=compute_dtype,
+                                                        remove_padding=remove_padding, seen=seen),
                        ppo_epochs=settings.ppo_epochs, mini_batch=settings.mini_batch,
                        micro_batch=settings.micro_batch, grad_clip=settings.grad_clip, role="actor", scaler=scaler)
 
 
 def update_critic(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                   sp: SeqParallel, settings: CriticSettings, *, compute_dtype: str = "float32",
-                  scaler=None) -> dict[str, float]:
+                  scaler=None, remove_padding: bool = False) -> dict[str, float]:
     """The critic's PPO update: clipped value loss."""
 
     def value_loss(micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        vpreds = value_forward(model, micro, sp, compute_dtype=compute_dtype)  # (n, R)
+        vpreds = value_forward(model, micro, sp, compute_dtype=compute_dtype, remove_padding=remove_padding)  # (n, R)
         return ppo_math.compute_value_loss(vpreds, micro["values"], micro["returns"], micro["response_mask"],
                                            settings.cliprange_value)
 

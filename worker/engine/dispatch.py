@@ -109,10 +109,10 @@ class ResourceError(RuntimeError):
     """The cluster cannot hold the run's rank workers."""
 
 
-def check_resources(*, device: str, world: int, available: dict[str, float]) -> None:
-    """Raise ``ResourceError`` naming both numbers when ``available`` cannot hold ``world`` ranks (what each asks
-    Ray for: ``worker.core.devices.rank_resources``; GPUs checked first)."""
-    wanted = run_resources(device, world)
+def check_resources(*, device: str, world: int, available: dict[str, float], per_rank_cpus: int = 1) -> None:
+    """Raise ``ResourceError`` naming both numbers when ``available`` cannot hold ``world`` ranks of
+    ``per_rank_cpus`` CPUs each (what each asks Ray for: ``worker.core.devices.rank_resources``; GPUs first)."""
+    wanted = run_resources(device, world, per_rank_cpus)
     for name in sorted(wanted, key=lambda n: n != GPU):
         have, need = available.get(name, 0.0), wanted[name]
         if have < need:

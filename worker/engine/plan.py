@@ -38,7 +38,7 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
     policy = spec.attnboard.fallback_policy
 
     def role_plan(role: Role, loader: str, folder: str, override: dict, strategy: str, sp: int,
-                  lr: float, weight_decay: float, checkpointing: bool) -> RolePlan:
+                  lr: float, weight_decay: float, checkpointing: bool, remove_padding: bool) -> RolePlan:
         name = role.value
         r = resolution.roles[name]
         return RolePlan(role=name, loader=loader, folder=folder, override_config=dict(override),
@@ -47,19 +47,23 @@ def load_plan(spec: RunSpec, resolution: Resolution, *, actor_folder: str, criti
                         strategy=strategy, sp=sp, trained=role.trains, lr=lr, weight_decay=weight_decay,
                         gradient_checkpointing=checkpointing_applies(checkpointing, sp),
                         output_attentions=spec.attnboard.debug.output_attentions,
-                        compute_dtype=spec.precision(name)[0], master_dtype=spec.precision(name)[1])
+                        compute_dtype=spec.precision(name)[0], master_dtype=spec.precision(name)[1],
+                        # Ulysses (sp > 1) shards padded rows along the sequence: packing is the sp == 1 path
+                        remove_padding=remove_padding and sp == 1)
 
     roles = [
         role_plan(Role.actor, "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy, spec.actor_sp,
-                  arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing),
+                  arr.actor.optim.lr, arr.actor.optim.weight_decay, arr.model.enable_gradient_checkpointing,
+                  arr.model.use_remove_padding),
         role_plan(Role.reference, "causal_lm", actor_folder, arr.model.override_config, arr.actor.strategy,
-                  spec.actor_sp, arr.actor.optim.lr, 0.0, False),
+                  spec.actor_sp, arr.actor.optim.lr, 0.0, False, arr.model.use_remove_padding),
     ]
     if spec.has_critic:
         assert critic_folder is not None, "a gae run needs the critic's folder"
         roles.append(role_plan(Role.critic, "value", critic_folder, spec.critic.model.override_config,
                                spec.critic.strategy, spec.critic_sp, spec.critic.optim.lr,
-                               spec.critic.optim.weight_decay, spec.critic.model.enable_gradient_checkpointing))
+                               spec.critic.optim.weight_decay, spec.critic.model.enable_gradient_checkpointing,
+                               spec.critic.model.use_remove_padding))
     return LoadPlan(roles=roles, policy=policy, env=env, seed=spec.attnboard.seed)
 
 

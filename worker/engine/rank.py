@@ -52,6 +52,7 @@ class RolePlan:
     gradient_checkpointing: bool = False  # model.enable_gradient_checkpointing; trained roles with sp == 1
     output_attentions: bool = False  # attnboard.debug.output_attentions: the first forward must return the weights
     compute_dtype: str = "float32"  # forward/backward dtype: verl's fsdp_config.dtype (FSDP's param_dtype)
+    remove_padding: bool = False  # model.use_remove_padding at sp == 1: micro-batches packed in one row (compute.Packed)
     master_dtype: str = "float32"  # master weights and optimizer state: verl's fsdp_config.model_dtype
 
     @property
@@ -127,6 +128,11 @@ def _probe_ids(vocab_size: int) -> torch.Tensor:
     return (torch.arange(8) % max(vocab_size - 1, 1) + 1)[None, :]  # (1, 8)
 
 
+PACKED_PROBE_POSITIONS = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])
+"""The first forward of a role that removes padding: two sequences (4 and 3 tokens) packed in one row with
+no attention mask, as its micro-batches run, so the kernel observed is the packed path's."""
+
+
 class AttentionWeightsMissing(RuntimeError):
     """``output_attentions=True`` was asked for and the implementation returned no attention weights."""
 
@@ -150,9 +156,10 @@ def _transformers_warnings() -> Iterator[list[str]]:
 
 
 def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool, output_attentions: bool = False,
-                   implementation: str = "", compute_dtype: str = "float32") -> dict[str, Any]:
-    """A 1x8 forward (and backward for trained roles) under observation, in the role's compute dtype -> what
-    ran (the implementation called, the SDPA backend and why it was math, see ``observe_attention``).
+                   implementation: str = "", compute_dtype: str = "float32", packed: bool = False) -> dict[str, Any]:
+    """A 1x8 forward (with ``packed``, two sequences packed in a 1x7 row) and a backward for trained roles,
+    under observation, in the role's compute dtype -> what ran (the implementation called, the SDPA backend
+    and why it was math, see ``observe_attention``).
 
     It runs before the model is wrapped, so it does what FSDP's ``param_dtype`` will do on every forward:
     each weight cast to the compute dtype (a differentiable cast, so the backward reaches the weights as
@@ -164,6 +171,10 @@ def _first_forward(model: torch.nn.Module, vocab_size: int, trained: bool, outpu
     (ATTENTION_RULES.md), so the loss of the debugging output would otherwise go unnoticed."""
     device = next(model.parameters()).device
     kwargs = {"input_ids": _probe_ids(vocab_size).to(device)}
+    if packed:
+        kwargs = {"input_ids": kwargs["input_ids"][:, :PACKED_PROBE_POSITIONS.shape[1]],
+                  "position_ids": PACKED_PROBE_POSITIONS.to(device),
+                  "use_cache": False}  # with a cache transformers would not infer the packed mask
     if output_attentions:
         kwargs["output_attentions"] = True
     dtype = compute.dtype_of(compute_dtype)
@@ -212,9 +223,9 @@ def _full_gradients(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 class RankWorker:
     """A rank. Created by the controller with ``ray.remote(RankWorker).options(...)``."""
 
-    def __init__(self, rank: int, world: int, run_id: str, device: str = "cpu"):
+    def __init__(self, rank: int, world: int, run_id: str, device: str = "cpu", threads: int = 1):
         self.rank, self.world, self.run_id, self.device = rank, world, run_id, device
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)  # the CPUs it asked Ray for (``worker.core.devices.rank_cpus``)
         self.roles: dict[str, _Loaded] = {}
         self.sp_groups: dict[int, compute.SeqParallel] = {}
         self.tokenizer_folder: str | None = None
@@ -325,7 +336,7 @@ class RankWorker:
                 if p.sp > 1:
                     module.config._attn_implementation = ulysses.register_ulysses(impl)
                 seen = _first_forward(module, module.config.vocab_size, p.trained, p.output_attentions, impl,
-                                      compute_dtype=p.compute_dtype)
+                                      compute_dtype=p.compute_dtype, packed=p.remove_padding)
             except Exception as exc:
                 diagnosis = classify(ErrorInfo.from_exception(exc), facts, role=p.role)
                 attempts.append({"implementation": impl, "ok": False,
@@ -345,6 +356,7 @@ class RankWorker:
                 **seen, compute_dtype=p.compute_dtype, weights_dtype=p.weights_dtype,
                 forced=p.forced, fallback=impl != p.candidates[0], reasons=p.reasons, strategy=p.strategy, sp=p.sp,
                 gradient_checkpointing=bool(p.trained and p.gradient_checkpointing), output_attentions=p.output_attentions,
+                remove_padding=p.remove_padding,
             )
             report = {**attention.as_dict(), "attempts": attempts}  # what the controller turns into events
             scaler = compute.grad_scaler(p.compute_dtype, self.device) if p.trained else None
@@ -372,12 +384,19 @@ class RankWorker:
             module.requires_grad_(False)
             module.eval()
         mixed = p.weights_dtype != p.compute_dtype
-        if self.world > 1 or mixed:
+        if (self.world > 1 or mixed) and not self.replicated(p):
             module = self._wrap(module, p.strategy, p.compute_dtype if mixed else None)
         optimizer = None
         if p.trained:
             optimizer = torch.optim.AdamW(module.parameters(), lr=p.lr, weight_decay=p.weight_decay)
         return module, optimizer
+
+    def replicated(self, p: RolePlan) -> bool:
+        """A frozen role (the reference) on CPU without sequence parallelism is held whole on every rank instead
+        of sharded: its weights never change, every rank loads the same ones, and over gloo the all-gather of
+        every layer on every forward costs more than the memory of a copy. (On a GPU, nccl is fast and memory
+        dear: it is sharded as verl shards it.)"""
+        return not p.trained and p.sp == 1 and self.device == "cpu"
 
     def _wrap(self, module: torch.nn.Module, strategy: str, param_dtype: str | None = None) -> torch.nn.Module:
         """FSDP1 or FSDP2 (also under fsdp_turbo) over the whole world, one unit per decoder layer plus the
@@ -404,8 +423,12 @@ class RankWorker:
         policy = MixedPrecisionPolicy()
         if param_dtype is not None:
             policy = MixedPrecisionPolicy(param_dtype=compute.dtype_of(param_dtype), reduce_dtype=torch.float32)
+        # On CPU (gloo) a layer keeps its gathered parameters from its forward to its backward: one all-gather
+        # per micro-batch instead of two, for the memory of one layer's full weights at a time per micro-batch
+        # in flight. On a GPU, verl's default: reshard after forward.
+        keep = self.device == "cpu"
         for layer in layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
         return fully_shard(module, mesh=mesh, mp_policy=policy)
 
     # ---- compute (batches already split by data-parallel rank)
@@ -464,6 +487,7 @@ class RankWorker:
             with observe_attention() as seen:
                 out = compute.generate(model, batch["prompt_ids"], batch["prompt_mask"], **kwargs)
             attention = AttentionPayload.of(actor.report, role=Role.rollout.value, **seen.as_dict(), compute_dtype=dtype,
+                                            remove_padding=False,  # generation runs padded rows with a KV cache
                                             weights_dtype=dtype if model is self.rollout_copy else actor.plan.weights_dtype)
             self.rollout_report = {**attention.as_dict(), "attempts": actor.report["attempts"]}
         else:
@@ -482,7 +506,8 @@ class RankWorker:
         with torch.no_grad():
             log_probs, entropy = compute.policy_forward(actor.module, self._to_device(batch), actor.sp,
                                                         temperature=temperature, with_entropy=True,
-                                                        compute_dtype=actor.plan.compute_dtype)
+                                                        compute_dtype=actor.plan.compute_dtype,
+                                                        remove_padding=actor.plan.remove_padding)
         return self._to_cpu({"old_log_probs": log_probs, "entropy": entropy})
 
     @register(Dispatch.DP_COMPUTE, mesh="actor")
@@ -491,7 +516,8 @@ class RankWorker:
         with torch.no_grad():
             log_probs, _ = compute.policy_forward(ref.module, self._to_device(batch), ref.sp,
                                                   temperature=temperature, with_entropy=False,
-                                                  compute_dtype=ref.plan.compute_dtype)
+                                                  compute_dtype=ref.plan.compute_dtype,
+                                                  remove_padding=ref.plan.remove_padding)
         return self._to_cpu({"ref_log_prob": log_probs})
 
     @register(Dispatch.DP_COMPUTE, mesh="critic")
@@ -500,22 +526,39 @@ class RankWorker:
         critic.module.eval()
         with torch.no_grad():
             values = compute.value_forward(critic.module, self._to_device(batch), critic.sp,
-                                           compute_dtype=critic.plan.compute_dtype)
+                                           compute_dtype=critic.plan.compute_dtype,
+                                           remove_padding=critic.plan.remove_padding)
         return self._to_cpu({"values": values})
 
     @register(Dispatch.DP_COMPUTE, mesh="actor")
     def update_actor(self, batch: dict[str, Any], settings: compute.ActorSettings) -> dict[str, float]:
         actor = self.roles["actor"]
         metrics = compute.update_actor(actor.module, actor.optimizer, self._to_device(batch), actor.sp, settings,
-                                       compute_dtype=actor.plan.compute_dtype, scaler=actor.scaler)
+                                       compute_dtype=actor.plan.compute_dtype, scaler=actor.scaler,
+                                       remove_padding=actor.plan.remove_padding)
         self._synchronize()
         return metrics
+
+    @register(Dispatch.DP_COMPUTE, mesh="actor")
+    def update_actor_on_policy(self, batch: dict[str, Any], settings: compute.ActorSettings) -> dict[str, Any]:
+        """``update_actor`` without a separate old-log-prob forward (``settings.on_policy``, verl's one-epoch,
+        one-mini-batch condition) -> its metrics and this rank's rows' ``old_log_probs`` and ``entropy`` (N, R):
+        what the update's own forwards saw, every one of them before its one optimizer step."""
+        actor = self.roles["actor"]
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        metrics = compute.update_actor(actor.module, actor.optimizer, self._to_device(batch), actor.sp, settings,
+                                       compute_dtype=actor.plan.compute_dtype, scaler=actor.scaler,
+                                       remove_padding=actor.plan.remove_padding, seen=seen)
+        self._synchronize()
+        return {"metrics": metrics, **self._to_cpu({"old_log_probs": torch.cat([lp for lp, _ in seen]),
+                                                     "entropy": torch.cat([e for _, e in seen])})}
 
     @register(Dispatch.DP_COMPUTE, mesh="critic")
     def update_critic(self, batch: dict[str, Any], settings: compute.CriticSettings) -> dict[str, float]:
         critic = self.roles["critic"]
         metrics = compute.update_critic(critic.module, critic.optimizer, self._to_device(batch), critic.sp, settings,
-                                        compute_dtype=critic.plan.compute_dtype, scaler=critic.scaler)
+                                        compute_dtype=critic.plan.compute_dtype, scaler=critic.scaler,
+                                        remove_padding=critic.plan.remove_padding)
         self._synchronize()
         return metrics
 
@@ -529,7 +572,7 @@ class RankWorker:
         actor.module.train()
         actor.module.zero_grad(set_to_none=True)
         loss, _ = compute.actor_loss(actor.module, self._to_device(batch), actor.sp, settings,
-                                     compute_dtype=actor.plan.compute_dtype)
+                                     compute_dtype=actor.plan.compute_dtype, remove_padding=actor.plan.remove_padding)
         loss.backward()
         grads = _full_gradients(actor.module)
         actor.module.zero_grad(set_to_none=True)
@@ -584,8 +627,9 @@ class RankWorker:
 
     @register(Dispatch.ONE_TO_ALL)
     def placement(self) -> dict[str, Any]:
-        """Where this rank runs: its node's address and its pid (a restarted rank may land elsewhere)."""
-        return {"rank": self.rank, "node": self.address()[0], "pid": os.getpid()}
+        """Where this rank runs: its node's address, its pid (a restarted rank may land elsewhere) and the torch
+        threads it computes with."""
+        return {"rank": self.rank, "node": self.address()[0], "pid": os.getpid(), "threads": torch.get_num_threads()}
 
     @register(Dispatch.ONE_TO_ALL)
     def shutdown(self) -> None:

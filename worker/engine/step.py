@@ -45,7 +45,8 @@ class PPOStep:
             self.greedy_baseline(batch, picked)
         t_gen = time.perf_counter()
         self.rewards(batch, picked)
-        self.old_log_probs(batch)
+        if not self.on_policy(batch):
+            self.old_log_probs(batch)
         self.reference(batch)
         metrics = self.kl_in_reward(batch)
         if self.estimator.critic:
@@ -171,17 +172,39 @@ class PPOStep:
             cliprange_value=critic.cliprange_value, grad_clip=critic.grad_clip)
         return _mean(self.group.call("update_critic", settings, batch=_tensors(batch)))
 
-    def update_actor(self, batch: dict[str, Any]) -> dict[str, float]:
+    def _actor_mini_batch(self, batch: dict[str, Any]) -> tuple[int, int, int]:
+        """(rows per actor rank, mini-batch rows per rank, micro-batch rows)."""
         arr, rows = self.spec.actor_rollout_ref, len(batch["uid"])
         actor, mesh = arr.actor, self.group.meshes["actor"]
         mini = max(actor.ppo_mini_batch_size * arr.rollout.n // mesh.dp, 1)
         micro = actor.ppo_micro_batch_size_per_gpu or mini
+        return rows // mesh.dp, min(mini, rows // mesh.dp), min(micro, mini)
+
+    def on_policy(self, batch: dict[str, Any]) -> bool:
+        """verl's condition for skipping the old-log-prob forward (``compute.on_policy``): one epoch of one
+        mini-batch and no KL penalty in the reward (it reads the old log-probs before the update); no
+        registered advantage estimator reads them. The update's own forwards then give them (``update_actor``)."""
+        rows, mini, _ = self._actor_mini_batch(batch)
+        return compute.on_policy(ppo_epochs=self.spec.actor_rollout_ref.actor.ppo_epochs, rows=rows, mini_batch=mini,
+                                 kl_in_reward=self.spec.algorithm.use_kl_in_reward)
+
+    def update_actor(self, batch: dict[str, Any]) -> dict[str, float]:
+        """The actor's update; on policy it also gives the step's old log-probs and entropy (no forward of
+        their own), for the KL and entropy metrics, as the separate forward would have."""
+        actor = self.spec.actor_rollout_ref.actor
+        _, mini, micro = self._actor_mini_batch(batch)
+        on_policy = "old_log_probs" not in batch
         settings = compute.ActorSettings(
-            ppo_epochs=actor.ppo_epochs, mini_batch=min(mini, rows // mesh.dp), micro_batch=min(micro, mini),
+            ppo_epochs=actor.ppo_epochs, mini_batch=mini, micro_batch=micro,
             clip_ratio=actor.clip_ratio, entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss,
             kl_loss_coef=actor.kl_loss_coef, kl_loss_type=actor.kl_loss_type, grad_clip=actor.grad_clip,
-            temperature=self.temperature)
-        return _mean(self.group.call("update_actor", settings, batch=_tensors(batch)))
+            temperature=self.temperature, on_policy=on_policy)
+        if not on_policy:
+            return _mean(self.group.call("update_actor", settings, batch=_tensors(batch)))
+        parts = self.group.call("update_actor_on_policy", settings, batch=_tensors(batch))
+        seen = concat_batches([{"old_log_probs": p["old_log_probs"], "entropy": p["entropy"]} for p in parts])
+        batch["old_log_probs"], batch["entropy"] = seen["old_log_probs"], seen["entropy"]
+        return _mean([p["metrics"] for p in parts])
 
     def metrics(self, batch: dict[str, Any], metrics: dict[str, float], *, step: int, total_steps: int,
                 started: float, generated: float) -> dict[str, Any]:

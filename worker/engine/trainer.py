@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +21,17 @@ import ray
 
 from worker.attention.resolution import ModelSupport, resolve
 from worker.core.contract import ACTIVE
+from worker.core.devices import rank_cpus
 from worker.core.environment import Environment
 from worker.engine import checkpoint, models
 from worker.engine import plan as planning
 from worker.engine.checkpoint import Checkpoint, CheckpointError
-from worker.engine.dispatch import Mesh, check_resources
+from worker.engine.dispatch import Mesh, ResourceError, check_resources
 from worker.engine.events import EventLog, Kind, RunState
 from worker.engine.group import Cancelled, RankFailed, WorkerGroup
 from worker.engine.probe import environment_fields
 from worker.engine.rank import RoleLoadError
-from worker.engine.ranks import FreshRanks, RankSource
+from worker.engine.ranks import FreshRanks, RankSource, cluster
 from worker.engine.ranks import kill as kill_rank
 from worker.engine.step import PPOStep
 from worker.spec import RunSpec, check_spec, spec_to_tree
@@ -40,6 +42,7 @@ CANCEL_BOUND_S = 15.0
 killed, and one still stuck after that (e.g. in a read that never returns) is left behind with the run
 marked cancelled."""
 STATE_ORDER = ACTIVE  # queued -> starting -> running
+RESOURCE_WAIT_S = 30.0  # how long a run waits for CPUs a released run's ranks still hold
 
 
 @dataclass
@@ -95,6 +98,7 @@ class Trainer:
         self._resume_decided = False
         self.placements: list[dict[str, Any]] = []
         self.total_steps = spec.total_steps or 0
+        self.rank_cpus = 1  # what each rank asks Ray for and its torch threads (``worker.core.devices``), set at start
 
     # ---- control
 
@@ -192,7 +196,8 @@ class Trainer:
         with self._lock:
             group, self.group = self.group, None
         if group is not None:
-            self.ranks.release(group.handles, device=self.spec.trainer.device, reusable=reusable and group.idle)
+            self.ranks.release(group.handles, device=self.spec.trainer.device, reusable=reusable and group.idle,
+                               cpus=self.rank_cpus)
             with self._lock:
                 self._held = [h for h in self._held if h not in group.handles]
 
@@ -321,10 +326,9 @@ class Trainer:
 
         device = spec.trainer.device
         world = spec.world_size
-        available = dict(ray.available_resources())
-        for key, amount in self.ranks.idle_resources().items():  # idle warm ranks are ours to take
-            available[key] = available.get(key, 0.0) + amount
-        check_resources(device=device, world=world, available=available)
+        self.rank_cpus = rank_cpus(spec.attnboard.rank_cpus, device=device, world=world, cluster=cluster(),
+                                   free_cpus=self._available().get("CPU", 0.0))
+        self._wait_for_resources(device, world)
         meshes = {"actor": Mesh(world, spec.actor_sp), "critic": Mesh(world, spec.critic_sp if spec.has_critic else 1)}
         self._start_ranks(device, world, meshes)
         group = self.group
@@ -378,8 +382,31 @@ class Trainer:
         self.log.emit(Kind.log, {"message": f"resumed from the checkpoint of step {point.step} in {point.path}{note}",
                                  "resumed_from": {"step": point.step, "path": str(point.path)}})
 
+    def _available(self) -> dict[str, float]:
+        """What Ray has free, plus what the idle warm ranks hold (ours to take)."""
+        available = dict(ray.available_resources())
+        for key, amount in self.ranks.idle_resources().items():
+            available[key] = available.get(key, 0.0) + amount
+        return available
+
+    def _wait_for_resources(self, device: str, world: int) -> None:
+        """``check_resources`` for the run's ranks, waiting up to ``RESOURCE_WAIT_S`` while the cluster could
+        hold them but its CPUs are still held (a finished run's ranks that Ray is releasing): a run that
+        never fits fails at once, naming both numbers."""
+        deadline = time.monotonic() + RESOURCE_WAIT_S
+        while True:
+            try:
+                check_resources(device=device, world=world, available=self._available(), per_rank_cpus=self.rank_cpus)
+                return
+            except ResourceError:
+                check_resources(device=device, world=world, available=dict(ray.cluster_resources()),
+                                per_rank_cpus=self.rank_cpus)  # raises when it never fits
+                if time.monotonic() > deadline or self.cancelled:
+                    raise
+            time.sleep(0.25)
+
     def _start_ranks(self, device: str, world: int, meshes: dict[str, Mesh]) -> None:
-        acquired = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world)
+        acquired = self.ranks.acquire(run_id=self.log.run_id, device=device, world=world, cpus=self.rank_cpus)
         handles = acquired.handles
         group = WorkerGroup(handles, meshes, lambda: self.cancelled)
         with self._lock:
@@ -393,8 +420,10 @@ class Trainer:
         addr, port = group.wait([handles[0].address.remote()], [0])[0]
         group.call("init_process_group", addr, port, sorted({m.sp for m in meshes.values()}))
         started = f"{acquired.warm} warm, {world - acquired.warm} new" if acquired.warm else "all new"
-        self.log.emit(Kind.log, {"message": f"{world} rank workers up ({device}, {started}, process group on "
-                                            f"{addr}:{port})", "pids": self.pids, "warm": acquired.warm,
+        self.log.emit(Kind.log, {"message": f"{world} rank workers up ({device}, {self.rank_cpus} CPU(s) and torch "
+                                            f"thread(s) each, {started}, process group on {addr}:{port})",
+                                 "pids": self.pids, "warm": acquired.warm, "rank_cpus": self.rank_cpus,
+                                 "threads": [p.get("threads") for p in self.placements],
                                  "nodes": [p["node"] for p in self.placements], "attempt": self.restarts})
 
     def _emit_attention(self, report: dict[str, Any], resolution) -> None:

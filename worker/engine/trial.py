@@ -11,9 +11,13 @@ and hardware before fixing the configuration". ``run_trial`` does exactly that:
    tokens/s, step time and peak memory come from the run's ``metric`` events.
 3. A numerical parity check loads the actor with each implementation from the SAME weights in the actor's
    compute dtype (``actor_rollout_ref.actor.fsdp_config.dtype``: FlashAttention runs only in bf16/fp16),
-   eager included, runs the same batch (left-padded, like rollout) and reports the largest absolute logit
-   difference from eager over the real (unpadded) positions; the tolerance follows the dtype
-   (``worker.engine.parity``; in the engine host's trial job it runs on a rank, ``worker.engine.trial_job``).
+   eager included, runs the same mixed-length batch twice, left-padded (like rollout) and packed into one
+   row with ``position_ids`` and no mask (``use_remove_padding``, as the engine trains), and reports the
+   largest absolute logit difference from eager's padded logits over the real positions of either case;
+   the tolerance follows the dtype (``worker.engine.parity``; in the engine host's trial job it runs on a
+   rank, ``worker.engine.trial_job``). It also times a forward of each case (tokens/s of real tokens) and
+   every column carries the preview's ``remove-padding-cost`` sentence for its implementation, so the trial
+   says what remove-padding does to each implementation's cost.
 4. ``recommend`` picks the fastest implementation whose parity is within tolerance and says why, naming
    the figures; when the fastest two differ by less than the noise it says so and breaks the tie on
    memory, then on the fallback chain's order (``worker.attention.availability.chain_position``: flash_attention_2,
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.attention.availability import ModelSupport, Rule, chain_position
+from worker.attention.packing import remove_padding_cost
 from worker.attention.resolution import Status, resolve
 from worker.core.environment import Environment
 from worker.core.implementations import VALID_DESCRIPTION, is_valid_name
@@ -75,6 +80,10 @@ class Column:
     parity_max_abs_diff: float | None = None  # vs eager, fp32, same weights and batch
     parity_ok: bool | None = None
     observed: dict[str, str | None] = field(default_factory=dict)  # role -> kernel the first forward called
+    packed_parity_max_abs_diff: float | None = None  # the packed (remove-padding) case vs eager padded
+    padded_forward_tokens_per_s: float | None = None  # one forward over the mixed-length parity batch, padded rows
+    packed_forward_tokens_per_s: float | None = None  # the same batch packed into one row (use_remove_padding)
+    remove_padding: dict[str, str] = field(default_factory=dict)  # {"rule": "remove-padding-cost", "text": ...}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,7 +158,7 @@ def _merged(tree: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 _CONTEXT_RULES = frozenset(r.value for r in (
     Rule.default, Rule.override, Rule.strict, Rule.support_unknown, Rule.shared_section, Rule.rollout_engine,
-    Rule.verl_critic_defect, Rule.fallback_step))
+    Rule.verl_critic_defect, Rule.fallback_step, Rule.remove_padding))
 """Reasons that explain the context of a choice, not why an implementation cannot load."""
 
 
@@ -355,6 +364,10 @@ def run_trial(
         if isinstance(found, float):
             column.parity_max_abs_diff = found
             column.parity_ok = found <= tolerance
+            column.packed_parity_max_abs_diff = result.packed.get(column.implementation)
+            speed = result.speed.get(column.implementation, {})
+            column.padded_forward_tokens_per_s = speed.get("padded")
+            column.packed_forward_tokens_per_s = speed.get("packed")
         elif isinstance(found, str):
             column.parity_ok = False
             column.reason = f"parity check could not load it: {found}"
@@ -368,6 +381,17 @@ def _measure(base: RunSpec, impl: str, steps: int, env: Environment, *, run: Run
              run_id: str) -> Column:
     if not is_valid_name(impl):
         return Column(impl, "skipped", unloadable_reason(base, impl, env) or "")
+    column = _measure_run(base, impl, steps, env, run=run, roots=roots, cache_dir=cache_dir,
+                          actor_support=actor_support, critic_support=critic_support, run_id=run_id)
+    column.remove_padding = {"rule": Rule.remove_padding.value,
+                             "text": remove_padding_cost(impl, remove_padding=base.actor_rollout_ref.model.use_remove_padding,
+                                                         sp=base.actor_sp)}
+    return column
+
+
+def _measure_run(base: RunSpec, impl: str, steps: int, env: Environment, *, run: Runner, roots: list[Path],
+                 cache_dir: Path | str | None, actor_support: ModelSupport, critic_support: ModelSupport | None,
+                 run_id: str) -> Column:
     spec = trial_spec(base, impl, steps)
     why = unloadable_reason(spec, impl, env, actor_support=actor_support, critic_support=critic_support)
     if why is not None:

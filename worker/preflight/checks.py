@@ -128,7 +128,8 @@ def resource_findings(spec: RunSpec, device: str, total: Mapping[str, float] | N
     if total is None:
         return []
     nodes, per_node = spec.trainer.nnodes, spec.trainer.n_gpus_per_node
-    need = run_resources(device, nodes * per_node)
+    # a derived attnboard.rank_cpus (0) shrinks to what is free, down to 1 CPU a rank; a set one is what each asks
+    need = run_resources(device, nodes * per_node, spec.attnboard.rank_cpus or 1)
     short = {k: v for k, v in need.items() if total.get(k, 0.0) < v}
     if not short:
         return []

@@ -351,6 +351,11 @@ class AttnboardSection(_Section):
         description="Times a run whose rank or engine host died restarts from its newest complete checkpoint "
                     "(from the start when it has none); 0: a death fails the run.",
     )
+    rank_cpus: int = Field(
+        0, ge=0, le=1024,
+        description="CPUs each rank asks Ray for and runs torch threads on; 0: derived from the cluster (on cpu, "
+                    "its CPUs shared among the run's ranks, at most a node's; on cuda, 1).",
+    )
     debug: DebugSection = Field(default_factory=DebugSection)
 
 

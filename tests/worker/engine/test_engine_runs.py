@@ -274,6 +274,26 @@ def test_a_killed_rank_fails_the_run_naming_the_rank_under_fsdp1(local_ray, cach
     _finish(controller, events)
 
 
+@pytest.mark.parametrize("remove_padding", [True, False])
+def test_a_run_packs_or_pads_its_micro_batches_as_use_remove_padding_says(local_ray, cache_dir, remove_padding):
+    """verl's use_remove_padding (default true) packs every micro-batch of the actor, the reference and the
+    critic into one row; false trains on padded rows. Both succeed and each attention event says which;
+    the rollout generates padded rows either way."""
+    spec = tiny_spec(algo="gae", steps=1, **{"actor_rollout_ref.model.use_remove_padding": remove_padding,
+                                            "critic.model.use_remove_padding": remove_padding})
+    state, events = run(spec, f"remove-padding-{remove_padding}".lower(), cache_dir)
+    assert state == "succeeded", of(events, "error")
+    packed = {(a["role"], a["rank"]): a["remove_padding"] for a in of(events, "attention")}
+    assert packed == {(role, rank): remove_padding and role != "rollout"
+                      for role in ("actor", "reference", "critic", "rollout") for rank in (0, 1)}
+    assert of(events, "attention_mismatch") == []
+    # one epoch of one mini-batch: on policy, the old log-probs come from the update's own forwards (no forward
+    # of their own) and at step 1 they are the reference's (the same initial weights): KL 0, entropy measured
+    (metric,) = of(events, "metric")
+    assert abs(metric["values"]["actor/kl"]) < 1e-5 and metric["values"]["actor/entropy"] > 0
+    assert metric["values"]["training/rollout_probs_diff_mean"] < 1e-3
+
+
 def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray, cache_dir):
     """A host with 2 warm ranks: a run takes them (no new process), hands them back clean when it succeeds,
     and the next run reuses the same processes; a failed run's ranks are killed and the pool refills."""
@@ -281,7 +301,7 @@ def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray,
     ray.get(host.configure.remote(2, "cpu"))
     try:
         warm = _wait_pool(host, lambda p: p["idle"] == 2, timeout=120)
-        assert warm["idle_resources"] == {"CPU": 2.0}
+        assert warm["idle_resources"] == {"CPU": 4.0}  # the local Ray's 4 CPUs shared by a run of 2 ranks
         pids = []
         for n in range(2):
             controller = launch_controller(spec_to_tree(tiny_spec(steps=1)), run_id=f"warm-{n}", cache_dir=str(cache_dir))
@@ -289,7 +309,9 @@ def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray,
                                and ev[-1]["payload"]["state"] in ("succeeded", "failed"), timeout=240)
             assert states(events)[-1] == "succeeded", of(events, "error")
             up = next(p for p in of(events, "log") if "pids" in p)
-            assert up["warm"] == 2 and "(cpu, 2 warm, 0 new, process group on 127.0.0.1:" in up["message"]
+            assert up["warm"] == 2 and up["rank_cpus"] == 2
+            assert "(cpu, 2 CPU(s) and torch thread(s) each, 2 warm, 0 new, process group on 127.0.0.1:" in up["message"]
+            assert up["threads"] == [2, 2]  # what torch.get_num_threads() says in each rank
             pids.append(sorted(up["pids"]))
             assert ray.get(host.pool_status.remote())["idle"] == 2  # back before the final status
             _finish(controller, events)
@@ -303,7 +325,7 @@ def test_warm_ranks_serve_the_next_run_and_a_failed_run_gives_them_up(local_ray,
         _processes_gone(pids[0])
         _finish(controller, events)
         refilled = _wait_pool(host, lambda p: p["idle"] == 2, timeout=120)
-        assert refilled["idle_resources"] == {"CPU": 2.0}
+        assert refilled["idle_resources"] == {"CPU": 4.0}
     finally:
         ray.get(host.configure.remote(0, "cpu"))
     assert ray.get(host.pool_status.remote())["idle"] == 0

@@ -107,10 +107,12 @@ def test_attention_payload_status_badges():
 
 def test_every_rank_method_the_controller_calls_declares_its_fan_out():
     calls = ["init_process_group", "load", "generate", "rollout_attention", "compute_log_prob",
-             "compute_ref_log_prob", "compute_values", "update_actor", "update_critic", "policy_loss_and_grads",
+             "compute_ref_log_prob", "compute_values", "update_actor", "update_actor_on_policy", "update_critic",
+             "policy_loss_and_grads",
              "peak_memory_mb", "save_actor", "probe", "shutdown"]
     modes = {name: dispatch_of(RankWorker, name).mode for name in calls}
     assert modes["load"] == Dispatch.ONE_TO_ALL and modes["update_actor"] == Dispatch.DP_COMPUTE
+    assert dispatch_of(RankWorker, "update_actor_on_policy").mesh == "actor"
     assert dispatch_of(RankWorker, "update_critic").mesh == "critic"
     with pytest.raises(AttributeError, match="no @register"):
         dispatch_of(RankWorker, "address")
@@ -349,13 +351,39 @@ def test_pool_settings_name_the_bad_value(target, device, message):
     assert str(info.value) == message
 
 
-def test_each_rank_asks_ray_for_one_cpu_and_one_gpu_off_cpu():
+def test_each_rank_asks_ray_for_its_cpus_and_one_gpu_off_cpu():
     from worker.core.devices import actor_options, rank_resources, run_resources
 
     assert actor_options("cpu") == {"num_cpus": 1}
+    assert actor_options("cpu", 2) == {"num_cpus": 2}
     assert actor_options("cuda") == {"num_cpus": 1, "num_gpus": 1}
     assert rank_resources("cpu") == {"CPU": 1} and rank_resources("cuda") == {"CPU": 1, "GPU": 1}
     assert run_resources("cuda", 4) == {"CPU": 4, "GPU": 4}
+    assert run_resources("cpu", 2, 2) == {"CPU": 4}
+
+
+@pytest.mark.parametrize("device,cpus,preset,expected", [
+    ("cpu", 1, None, {}), ("cuda", 4, None, {}), ("cpu", 2, None, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("cpu", 2, "ACTIVE", {"OMP_WAIT_POLICY": "ACTIVE"}),  # the environment's own choice wins
+])
+def test_a_rank_of_several_threads_waits_passively(monkeypatch, device, cpus, preset, expected):
+    from worker.engine.ranks import rank_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if preset:
+        monkeypatch.setenv("OMP_WAIT_POLICY", preset)
+    assert rank_env(device, cpus) == expected
+
+
+@pytest.mark.parametrize("target,setting,device,expected", [
+    (1, 0, "cpu", 4), (2, 0, "cpu", 4), (4, 0, "cpu", 2), (0, 0, "cpu", 4), (1, 0, "cuda", 1), (1, 2, "cpu", 2),
+    (2, 3, "cuda", 3),
+])
+def test_warm_ranks_hold_what_each_rank_of_a_run_of_target_ranks_derives(target, setting, device, expected):
+    from worker.core.devices import Cluster
+    from worker.engine.ranks import PoolSettings
+
+    assert PoolSettings(target, device, setting).rank_cpus(Cluster(total_cpus=8, node_cpus=4)) == expected
 
 
 def _tiny_llama(impl: str) -> LlamaForCausalLM:
@@ -410,3 +438,54 @@ def test_a_first_forward_forced_onto_math_reaches_the_attention_event_with_its_r
     assert planning.mismatches(payload) == []  # the implementation is what was loaded: math is below it
     unforced = _first_forward(_tiny_llama("sdpa"), 64, trained=True, implementation="sdpa")
     assert (unforced["sdpa_backend"], unforced["sdpa_backend_reason"]) == ("flash_attention", None)
+
+
+def test_the_rollout_gives_each_layer_back_its_own_reshard_after_forward(world_of_one):
+    """On CPU the engine's layers keep their gathered parameters from forward to backward
+    (``reshard_after_forward=False``, one all-gather per micro-batch); a rollout must not turn that off."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny_lm()
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh)
+    layers = list(model.model.layers)
+    assert [compute._reshards_after_forward(layer) for layer in layers] == [False, False]
+    prompt = torch.tensor([[3, 4, 5]])
+    compute.generate(model, prompt, torch.ones_like(prompt), max_new_tokens=2, eos_token_id=None, pad_token_id=0,
+                     temperature=1.0, top_p=1.0, do_sample=False, generator=None)
+    assert [compute._reshards_after_forward(layer) for layer in layers] == [False, False]
+
+
+@pytest.mark.parametrize("device,trained,sp,replicated", [
+    ("cpu", False, 1, True), ("cpu", True, 1, False), ("cpu", False, 2, False), ("cuda", False, 1, False),
+])
+def test_a_frozen_role_on_cpu_is_held_whole_on_every_rank(device, trained, sp, replicated):
+    """Over gloo the reference's all-gather on every forward costs more than a copy of its frozen weights."""
+    from worker.engine.rank import RolePlan
+
+    plan = RolePlan(role="reference", loader="causal_lm", folder="unused", override_config={}, candidates=["sdpa"],
+                    requested="sdpa", forced=False, reasons=[], strategy="fsdp2", sp=sp, trained=trained)
+    rank = RankWorker(rank=0, world=2, run_id="unit", device=device)
+    assert rank.replicated(plan) is replicated
+    if replicated:
+        model = tiny_lm()
+        wrapped, optimizer = rank._shard(model, plan)
+        assert wrapped is model and optimizer is None and not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("wrap,world,expected", [("none", 2, False), ("fsdp2", 2, False), ("fsdp1", 2, True),
+                                                 ("fsdp1", 1, False)])
+def test_only_fsdp1_ranks_decode_in_lockstep(world_of_one, wrap, world, expected):
+    """FSDP2 rollouts gather once (``unsharded``): no all-reduce per generated token; FSDP1 gathers in every
+    forward, so its ranks must agree on every token."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = tiny_lm()
+    if wrap == "fsdp2":
+        model = fsdp2(model)
+    elif wrap == "fsdp1":
+        model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+    assert compute.decodes_in_lockstep(model, world) is expected

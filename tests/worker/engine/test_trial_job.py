@@ -48,7 +48,10 @@ def test_a_job_keeps_the_columns_measured_before_and_measures_the_rest_on_the_po
     columns = {c["implementation"]: c for c in progress["result"]["columns"]}
     assert columns["eager"]["steps"] == [{"step": 1, "tokens_per_s": 100.0, "step_time_s": 0.5, "peak_memory_mb": 300.0}]
     assert columns["sdpa"]["status"] == "ok" and columns["sdpa"]["observed"]["actor"] == "sdpa"
-    assert columns["eager"]["parity_max_abs_diff"] == 0.0 and columns["sdpa"]["parity_ok"]
+    eager = columns["eager"]  # eager's own packed (remove-padding) case against its padded logits: rounding
+    assert eager["parity_max_abs_diff"] == eager["packed_parity_max_abs_diff"] <= progress["result"]["tolerance"]
+    assert eager["parity_ok"] and columns["sdpa"]["parity_ok"]
+    assert columns["sdpa"]["packed_forward_tokens_per_s"] > 0
     assert progress["result"]["recommendation"]["implementation"] in ("eager", "sdpa")
     assert pool.status()["idle"] == 1  # the ranks went back to the pool
 
