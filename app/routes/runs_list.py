@@ -46,7 +46,7 @@ def runs_list(request: Request, _: PageUser, session: SessionDep, status: str = 
                                          "self_url": str(URL("/").include_query_params(**query, page=page)),
                                          "page_url": lambda n: str(URL("/").include_query_params(**query, page=n)),
                                          "refresh_s": LIVE_S if active else QUIET_S,
-                                         "eager": {run_id: eager_settings(b) for run_id, b in badges.items()}},
+                                         "eager": {r.id: eager_settings(badges.get(r.id, ()), r.status) for r in rows}},
                   block="runs")
 
 

@@ -20,9 +20,14 @@ from typing import Any
 
 from worker.core import roles
 from worker.core.attention_payload import AttentionPayload
-from worker.core.contract import TERMINAL
+from worker.core.contract import TERMINAL, RunState
 from worker.core.events import read_attention
 from worker.core.roles import Role
+
+EAGER_RETRY_STATUSES = frozenset({RunState.failed.value})
+"""The statuses a "retry with eager" is offered on: a run that failed. One that succeeded after a fallback
+has nothing to retry (the fallback already runs); its page offers the return to the fast path only when a
+probe shows the cause gone."""
 
 TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch", "restart"})
 # The role whose setting decides each role's attention: rollout and reference share the actor's section.
@@ -214,9 +219,11 @@ class RunView:
         return list(seen.values())
 
     def eager_retry_roles(self) -> list[str]:
-        """The settings (``actor``, ``critic``) worth retrying with eager: a role they decide fell back or
-        did not load, and it does not already run eager."""
+        """The settings (``actor``, ``critic``) worth retrying with eager: the run failed (``EAGER_RETRY_STATUSES``),
+        a role they decide fell back or did not load, and it does not already run eager."""
         wanted: list[str] = []
+        if self.status not in EAGER_RETRY_STATUSES:
+            return wanted
         troubled = {(r.role, r.effective) for r in self.attention.values() if r.badge in ("fallback", "error")}
         troubled |= {(e.role, None) for e in self.trouble if e.kind in ("fallback", "error") and e.role}
         for role, effective in troubled:
@@ -434,9 +441,12 @@ def badges_of(rows: Iterable[AttentionRow]) -> list[RoleBadge]:
     return out
 
 
-def eager_settings(badges: Iterable[RoleBadge]) -> list[str]:
-    """The settings (``actor``, ``critic``) a "retry with eager" is offered for: one of their roles fell
-    back or did not load, and it did not end on eager anyway."""
+def eager_settings(badges: Iterable[RoleBadge], status: str) -> list[str]:
+    """The settings (``actor``, ``critic``) a "retry with eager" is offered for: the run in ``status``
+    failed (``EAGER_RETRY_STATUSES``), one of their roles fell back or did not load, and it did not end on
+    eager anyway."""
+    if status not in EAGER_RETRY_STATUSES:
+        return []
     wanted = {SETTING_OF[b.role] for b in badges
               if b.role in SETTING_OF and b.badge in ("fallback", "error") and b.effective != "eager"}
     return sorted(wanted, key=roles.order)

@@ -133,9 +133,9 @@ def test_fallback_events_become_classified_entries_once(client, write_headers):
     assert critic["environment"] == "cpu, no flash-attn" and critic["model"] == "builtin:tiny-llama"
     assert critic["error"] == FA2_MISSING
     assert critic["diagnosis"]["step"] == "fall_back_to_eager"
-    assert critic["diagnosis"]["remedy"]["patch"] == {CRITIC_KEY: "sdpa"}
+    assert critic["diagnosis"]["remedy"]["patch"] == {CRITIC_KEY: "eager"}  # the guide's step, as the button says
     assert "cannot run it either" in critic["diagnosis"]["remedy"]["sentence"]  # the CPU probe was used
-    assert actor["diagnosis"]["remedy"]["patch"] == {ACTOR_KEY: "sdpa"}
+    assert actor["diagnosis"]["remedy"]["patch"] == {ACTOR_KEY: "eager"}
     assert critic["return_to_fast_path"] is None
     # Ingestion is idempotent on (run_id, seq): a re-sent batch makes no new entries.
     post_events(client, write_headers, run_id, [("status", {"status": "starting"}), ("env_probe", CPU_PROBE),
@@ -231,7 +231,7 @@ def test_retry_with_the_remedy_patches_the_spec(client, write_headers):
     assert resp.status_code == 201, resp.text
     new = resp.json()
     assert new["retry_of"] == run_id and new["status"] == "queued"
-    assert new["spec"]["critic"]["model"]["override_config"]["attn_implementation"] == "sdpa"
+    assert new["spec"]["critic"]["model"]["override_config"]["attn_implementation"] == "eager"
     assert new["spec"]["actor_rollout_ref"]["model"]["override_config"].get("attn_implementation") is None
 
 
@@ -317,7 +317,7 @@ def test_log_page_lists_entries_with_filters_and_one_click_retry(client, session
     assert row.select_one(".step .key").get_text() == "fall back to eager"
     form = row.select_one("form.retry-remedy")
     assert form["action"].endswith("/retry") and form.select_one("input[name=csrf_token]")["value"] == csrf
-    assert row.select_one("code.patch").get_text() == f"{CRITIC_KEY}=sdpa"
+    assert row.select_one("code.patch").get_text() == f"{CRITIC_KEY}=eager"
     assert page.select_one("#filter-role option[selected]")["value"] == "critic"
     fragment = client.get("/troubleshooting?role=actor", headers={"HX-Request": "true"}).text
     assert soup(fragment).select_one("section#entries") is not None and "<html" not in fragment

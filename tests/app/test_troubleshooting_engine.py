@@ -1,6 +1,6 @@
 """End to end with the real engine: a run asking for flash_attention_2 (verl's default) on CPU under the
 fallback policy falls back to sdpa on every role; its log entries are classified; retrying with the
-critic entry's remedy through the API gives a run that succeeds with no critic fallback.
+critic entry's remedy (eager, the guide's second step) through the API gives a run that succeeds with no critic fallback.
 
 The runs execute in this process (``worker.engine.run_spec``, one Ray actor per rank) and their events
 are stored the way the service's pump stores them (``pump.to_event_create`` -> ``POST /events``).
@@ -52,7 +52,7 @@ def test_fallback_run_entry_retried_with_its_remedy_succeeds(client, write_heade
         assert entry["environment"] == "cpu, no flash-attn"
         assert entry["error"].startswith("ImportError: FlashAttention2 has been toggled on")
     critic = next(e for e in log["data"] if e["role"] == "critic")
-    assert critic["diagnosis"]["remedy"]["patch"] == {"critic.model.override_config.attn_implementation": "sdpa"}
+    assert critic["diagnosis"]["remedy"]["patch"] == {"critic.model.override_config.attn_implementation": "eager"}
 
     resp = client.post(f"/api/troubleshooting/{critic['id']}/retry", headers=write_headers)
     assert resp.status_code == 201, resp.text
@@ -66,4 +66,4 @@ def test_fallback_run_entry_retried_with_its_remedy_succeeds(client, write_heade
     events = client.get(f"/api/runs/{retry['id']}/events", params={"limit": 1000}).json()["data"]
     critic_attention = [e["payload"] for e in events if e["kind"] == "attention" and e["payload"]["role"] == "critic"]
     assert [(a["requested"], a["effective"], a["observed"], a["status"]) for a in critic_attention] == [
-        ("sdpa", "sdpa", "sdpa", "ok")]
+        ("eager", "eager", "eager", "ok")]

@@ -171,14 +171,6 @@ def walk(requested: str, policy: str, ctx: Context, *, forced: str | None = None
     return tuple(steps)
 
 
-def fallback_target(failed: str | None, ctx: Context) -> str:
-    """The implementation to set after ``failed`` could not run: the first later candidate of its
-    ``fallback`` chain that ``ctx`` can run (eager when none; ``failed`` None: the default's chain)."""
-    chain = candidates(failed or FALLBACK_CHAIN[0], "fallback")
-    later = chain[1:] if failed is not None else chain
-    return next((name for name in later if unavailable(name, ctx) is None), Impl.eager.value)
-
-
 # ---------------------------------------------------------------------------------------------
 # Availability: (implementation, role context) -> None if it can run, else Unavailable
 

@@ -9,28 +9,22 @@ from typing import Any
 
 from worker.attention.availability import FLASH_MIN_COMPUTE_CAPABILITY, candidates, unavailable
 from worker.attention.kernel_sources import HUB_FLASH_KERNELS
-from worker.core.environment import Environment
 from worker.core.implementations import BUILTIN_NAMES, DEFAULT_IMPL, Impl, is_hub_kernel
 from worker.troubleshoot.diagnosis import Category, Diagnosis
 from worker.troubleshoot.remedies import (
     ACTOR_SP_KEY,
-    NO_FLASH,
     MatchContext,
     attn_patch,
     diagnosis_for,
     dtype_patch,
+    eager_patch,
     flash_impl,
     implementation_of,
     min_cc,
-    next_impl,
     node_context,
     shown,
-    support_without,
     who,
 )
-
-ON_CPU = Environment(name="the error's CPU", device="cpu")
-"""The node an error that says it ran on a CPU tells of."""
 
 
 def _hydra_plus(ctx: MatchContext) -> Diagnosis:
@@ -92,7 +86,7 @@ _HUB_NAME = re.compile(r"[\"'`](?P<name>[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*(
 def _kernels_missing(ctx: MatchContext) -> Diagnosis:
     names = [m["name"] for m in _HUB_NAME.finditer(f"{ctx.error.head}\n{ctx.error.traceback}")]
     kernel = next((name for name in names if is_hub_kernel(name) and "site-packages" not in name), None)
-    patch = attn_patch(ctx.role, next_impl(ctx, kernel))
+    patch = eager_patch(ctx.role)
     asked = kernel or "a Hub kernel"
     sentence = (f"{kernel or 'A Hub kernel'} needs the `kernels` package: set {shown(patch)} so {who(ctx.role)} trains now, "
                 f"then pip install kernels (the version the message names) and return to {kernel or 'the kernel'}.")
@@ -103,7 +97,7 @@ def _kernels_missing(ctx: MatchContext) -> Diagnosis:
 
 def _flash_version(ctx: MatchContext) -> Diagnosis:
     impl = flash_impl(ctx)
-    patch = attn_patch(ctx.role, next_impl(ctx, impl, support=NO_FLASH))  # the flash-attn package is unusable here
+    patch = eager_patch(ctx.role)
     minimum = ctx.match.groupdict().get("min")
     if minimum:
         found = f" (found {ctx.env.flash_attn_version})" if ctx.env and ctx.env.flash_attn_version else ""
@@ -130,8 +124,7 @@ HUB_FETCH_EVIDENCE = re.compile(r"from the `kernels` library instead|kernels-com
 def _flash_not_installed(ctx: MatchContext) -> Diagnosis:
     impl = flash_impl(ctx)
     cc = min_cc(impl)
-    target = next_impl(ctx, impl)
-    patch = attn_patch(ctx.role, target)
+    patch = eager_patch(ctx.role)
     env = ctx.env
     if HUB_FETCH_EVIDENCE.search(ctx.error.traceback) and impl in HUB_FLASH_KERNELS:
         # transformers 5.24 with `kernels` and without flash-attn fetches a Hub kernel first; when the node cannot
@@ -139,7 +132,7 @@ def _flash_not_installed(ctx: MatchContext) -> Diagnosis:
         repo = HUB_FLASH_KERNELS[impl]
         sentence = (f"flash-attn is not installed, and transformers' fallback, {repo} from the Hugging Face Hub via "
                     f"`kernels`, could not be fetched (an offline node): set {shown(patch)} so {who(ctx.role)} "
-                    f"trains on {target} now, then fetch {repo} into the HF cache the node reads where the Hub is "
+                    f"trains on eager now, then fetch {repo} into the HF cache the node reads where the Hub is "
                     f"reachable and run with HF_HUB_OFFLINE=1, or pip install flash-attn, and return to {impl}.")
         return diagnosis_for(ctx, Category.flash_attn_not_installed, impl=impl, patch=patch, sentence=sentence,
                              summary=f"{impl}: flash-attn missing and the Hub kernel {repo} unreachable",
@@ -152,7 +145,7 @@ def _flash_not_installed(ctx: MatchContext) -> Diagnosis:
         where = ""
         then = f"pip install flash-attn --no-build-isolation on a GPU with compute capability >= {cc[0]}.{cc[1]}"
     sentence = (f"flash-attn is not installed{where and ' and ' + where}: set {shown(patch)} so {who(ctx.role)} "
-                f"trains on {target} now, then {then} and return to {impl}.")
+                f"trains on eager now, then {then} and return to {impl}.")
     return diagnosis_for(ctx, Category.flash_attn_not_installed, impl=impl, patch=patch, sentence=sentence,
                       summary=f"{impl} requested but flash-attn is not installed",
                       return_when={"flash_attn_installed": True, "min_compute_capability": cc})
@@ -161,7 +154,7 @@ def _flash_not_installed(ctx: MatchContext) -> Diagnosis:
 def _not_on_cpu(ctx: MatchContext) -> Diagnosis:
     impl = flash_impl(ctx)
     cc = min_cc(impl)
-    patch = attn_patch(ctx.role, next_impl(ctx, impl, env=ON_CPU))  # the error says: a CPU
+    patch = eager_patch(ctx.role)
     sentence = (f"{impl} runs only on a CUDA GPU (compute capability >= {cc[0]}.{cc[1]}) or an Ascend NPU: "
                 f"set {shown(patch)} to train on this CPU, and return to {impl} on such a GPU with flash-attn.")
     return diagnosis_for(ctx, Category.not_on_cpu, impl=impl, patch=patch, sentence=sentence,
@@ -182,7 +175,7 @@ def _unsupported_hardware(ctx: MatchContext) -> Diagnosis:
                     f"torch and flash-attn were built for its architecture, and use eager to find the failing kernel.")
         return diagnosis_for(ctx, Category.unsupported_hardware, impl=impl, patch={}, sentence=sentence,
                           summary="no kernel built for this GPU architecture")
-    patch = attn_patch(ctx.role, next_impl(ctx, flash))
+    patch = eager_patch(ctx.role)
     sentence = (f"{flash} needs a GPU with compute capability >= {cc[0]}.{cc[1]}{found}: set {shown(patch)} "
                 f"on this GPU, and return to {flash} on a GPU that has it.")
     return diagnosis_for(ctx, Category.unsupported_hardware, impl=flash, patch=patch, sentence=sentence,
@@ -192,7 +185,7 @@ def _unsupported_hardware(ctx: MatchContext) -> Diagnosis:
 
 def _head_dim(ctx: MatchContext) -> Diagnosis:
     impl = flash_impl(ctx)
-    patch = attn_patch(ctx.role, next_impl(ctx, impl, support=NO_FLASH))
+    patch = eager_patch(ctx.role)
     sentence = (f"This model's head dimension is outside what the flash-attn kernel supports: "
                 f"set {shown(patch)} for this model; {impl} cannot run it.")
     return diagnosis_for(ctx, Category.head_dim, impl=impl, patch=patch, sentence=sentence,
@@ -202,17 +195,16 @@ def _head_dim(ctx: MatchContext) -> Diagnosis:
 def _architecture(ctx: MatchContext) -> Diagnosis:
     impl = ctx.match.groupdict().get("kernel") or implementation_of(ctx)
     model = ctx.match.groupdict().get("model") or "This model"
-    target = next_impl(ctx, impl, support=support_without(model, impl))
-    patch = attn_patch(ctx.role, target)
-    further = f", and go on to eager if {target} is refused too" if target != Impl.eager.value else ""
-    sentence = f"{model} has no {impl} implementation: set {shown(patch)} (one step down from {impl}){further}."
+    patch = eager_patch(ctx.role)
+    sentence = (f"{model} has no {impl} implementation: set {shown(patch)} (the guide's second step, eager runs "
+                f"every model), and return to {impl} once the model supports it.")
     return diagnosis_for(ctx, Category.architecture_unsupported, impl=impl, patch=patch, sentence=sentence,
                       summary=f"{model} does not support {impl}")
 
 
 def _flex_backward(ctx: MatchContext) -> Diagnosis:
     impl = Impl.flex_attention.value
-    patch = attn_patch(ctx.role, next_impl(ctx, impl, env=ON_CPU))  # the error says: a CPU
+    patch = eager_patch(ctx.role)
     sentence = (f"flex_attention cannot train on CPU (no backward there): set {shown(patch)} to train on "
                 f"this CPU, and return to flex_attention on a GPU.")
     return diagnosis_for(ctx, Category.flex_backward_cpu, impl=impl, patch=patch, sentence=sentence,
@@ -221,7 +213,7 @@ def _flex_backward(ctx: MatchContext) -> Diagnosis:
 
 def _output_attentions(ctx: MatchContext) -> Diagnosis:
     impl = implementation_of(ctx)
-    patch = attn_patch(ctx.role, next_impl(ctx, impl, output_attentions=True))
+    patch = eager_patch(ctx.role)
     v4 = ctx.env is not None and ctx.env.transformers_major < 5
     behaviour = "transformers 4.x falls back to eager per call" if v4 else "transformers 5.x returns none, silently"
     sentence = (f"Only eager returns attention weights ({behaviour}): set {shown(patch)} for the run that needs "
@@ -248,10 +240,10 @@ def _forced_eager(ctx: MatchContext) -> Diagnosis:
 
 def _ulysses_kernel(ctx: MatchContext) -> Diagnosis:
     impl = ctx.match.group("impl")
-    patch = attn_patch(ctx.role, next_impl(ctx, impl, sp=2))  # the error says: sequence parallelism is on
+    patch = eager_patch(ctx.role)
     sentence = (f"attnboard's Ulysses sequence parallelism wraps eager and sdpa only, not {impl} (verl's own Ulysses "
-                f"runs flash_attention_2; attnboard's wrapper does not yet): set {shown(patch)} (the fastest it "
-                f"wraps), or set the sequence-parallel size to 1 to keep {impl}.")
+                f"runs flash_attention_2; attnboard's wrapper does not yet): set {shown(patch)} (the guide's "
+                f"second step), or set the sequence-parallel size to 1 to keep {impl}.")
     return diagnosis_for(ctx, Category.forced_by_engine, impl=impl, patch=patch, sentence=sentence,
                       summary=f"{impl} cannot run inside Ulysses sequence parallelism")
 

@@ -14,10 +14,10 @@ exact strings of transformers 5.24 (``modeling_utils._flash_attn_import_error``,
 ``integrations/hub_kernels.py``), flash-attn's own kernel errors, torch's flex-attention and allocator
 errors, and Hydra's struct-mode override errors.
 
-The remedy follows the seed: start from the default (flash_attention_2), degrade one step at a time
-along the one fallback chain (``worker.attention.availability.fallback_target``: the next candidate of the failed
-implementation's chain that the node, when known, can run, given what the error taught, e.g. that the model
-has no flash kernel), and return to the fast path once the cause is fixed.
+The remedy follows the guide's order (check compatibility -> eager -> hardware -> read the error): an
+implementation that cannot run gets eager on its role's setting (``remedies.eager_remedy``, the one rule the
+run page's retry button and the preview's preflight apply too), and the entry says when to return to the fast
+path once the cause is fixed.
 
 The parts, by concern: ``diagnosis`` (the vocabulary and the answer), ``remedies`` (spec keys, patches and
 what a match tells), ``builders`` (one per kind of fix), ``rules`` (the ordered table and ``classify``),

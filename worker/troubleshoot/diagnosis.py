@@ -36,7 +36,7 @@ class Step(str, Enum):
     """The seed's troubleshooting order (SUMMARY.md point 10), first to last."""
 
     check_compatibility = "check_compatibility"  # does the model (and the engine) support the kernel?
-    fall_back_to_eager = "fall_back_to_eager"  # degrade one step (fa2 -> sdpa -> eager) so training goes on
+    fall_back_to_eager = "fall_back_to_eager"  # set eager so training goes on (the guide's second step)
     check_hardware = "check_hardware"  # GPU/NPU, CUDA, driver, memory
     read_the_error = "read_the_error"  # the message usually names the supported options
 
@@ -63,8 +63,8 @@ CATEGORY_STEP: dict[Category, Step] = {
     Category.hydra_plus_override: Step.read_the_error,
     Category.other: Step.read_the_error,
 }
-"""The step of the seed's order each category belongs to. ``fall_back_to_eager`` means "degrade one step
-along the fallback chain": a missing flash-attn goes to sdpa first, a failing sdpa to eager."""
+"""The step of the seed's order each category belongs to. ``fall_back_to_eager`` sets eager on the
+role's setting (``remedies.eager_remedy``, the rule the run page's button and the preflight apply too)."""
 
 
 @dataclass(frozen=True)

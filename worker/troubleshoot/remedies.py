@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.attention.availability import FLASH_MIN_COMPUTE_CAPABILITY, Context, ModelSupport, fallback_target
+from worker.attention.availability import FLASH_MIN_COMPUTE_CAPABILITY, Context
 from worker.core.environment import Environment
 from worker.core.implementations import Impl
 from worker.core.roles import ALIASES, NAMES, SECTIONS, Role
@@ -70,32 +70,18 @@ def eager_remedy(roles: Iterable[str]) -> Remedy:
     return Remedy(patch, sentence)
 
 
-def node_context(ctx: MatchContext, env: Environment | None = None, **learned: Any) -> Context:
-    """The availability context of the role that failed: the node (``env`` when the error itself tells it,
-    else the one known; None: unknown, assumed able) and ``learned``, the ``Context`` facts the error taught
-    (``support=``, ``sp=``, ``output_attentions=``)."""
-    node = env or ctx.env
+def eager_patch(role: str | None) -> dict[str, str]:
+    """``eager_remedy``'s patch for the one role an error is about (every role when None): what a
+    troubleshooting entry of the guide's second step sets, the same the run page's button and the preflight
+    set for that role."""
+    return eager_remedy(ROLE_SECTIONS if role is None else [role]).patch
+
+
+def node_context(ctx: MatchContext) -> Context:
+    """The availability context of the role that failed: the node known (None: unknown, assumed able)."""
     # the rollout's module is the actor's, which trains; only the reference never runs a backward pass
     trained = ctx.role is None or Role.parse(ctx.role) is not Role.reference
-    return Context(node, trained=trained, **learned)
-
-
-def next_impl(ctx: MatchContext, failed: str | None, env: Environment | None = None, **learned: Any) -> str:
-    """The implementation to set after ``failed``: the next one of its fallback chain that the node can run
-    (``worker.attention.availability.fallback_target``)."""
-    return fallback_target(failed, node_context(ctx, env, **learned))
-
-
-NO_FLASH = ModelSupport("the model", flash_attn=False)
-"""What an error about a flash kernel's own limit (a broken build, the head dimension) teaches: no flash
-kernel can run this model here."""
-
-
-def support_without(model: str, impl: str | None) -> ModelSupport:
-    """What "``model`` does not support ``impl``" teaches (transformers has one flag for every flash kernel)."""
-    if impl in (Impl.sdpa.value, Impl.flex_attention.value):
-        return ModelSupport(model, sdpa=impl != Impl.sdpa.value, flex_attn=impl != Impl.flex_attention.value)
-    return ModelSupport(model, flash_attn=False)
+    return Context(ctx.env, trained=trained)
 
 
 # Where to look for the implementation an error is about, most specific first.

@@ -3,7 +3,8 @@
 embedded Ray head on loopback and real runs train on the tiny CPU preset.
 
 Three real runs in all, shared by the tests in file order: a run that succeeds (named with a script
-injection, which must render as text), a run whose critic falls back, and its "retry with eager".
+injection, which must render as text), a run whose critic falls back (and succeeds: no "retry with eager" on
+it, nothing failed), and its retry with the troubleshooting entry's remedy, eager on the critic.
 """
 
 from __future__ import annotations
@@ -128,7 +129,10 @@ def test_a_tiny_run_goes_live_to_succeeded(page, server):
     assert page.dialogs == [] and page.console_errors == []
 
 
-def test_a_critic_that_falls_back_and_its_retry_with_eager(page, server):
+def test_a_critic_that_falls_back_succeeds_and_its_entrys_remedy_retries_with_eager(page, server):
+    """Issue 17 item 3: a run that succeeded after a fallback offers no "Retry with eager" (nothing failed);
+    its entry's remedy is the one the button of a failed run applies (eager on the critic), and the
+    troubleshooting log's one click retries with it."""
     run_id = launch_from_form(page, server, name="critic asks for flash_attention_2 on CPU",
                               **{CRITIC_ATTN: "flash_attention_2", "attnboard.fallback_policy": "fallback"})
     server.runs["fallback"] = run_id
@@ -139,7 +143,13 @@ def test_a_critic_that_falls_back_and_its_retry_with_eager(page, server):
     expect(entry.locator(".summary")).to_have_text("flash_attention_2 requested but flash-attn is not installed")
     expect(page.locator("#status")).to_have_attribute("data-status", "succeeded", timeout=RUN_TIMEOUT_MS)
     shot(page, "live-fallback")
-    retry = page.get_by_role("button", name="Retry with eager on the critic")
+    expect(entry.locator(".remedy")).to_contain_text("critic.model.override_config.attn_implementation=eager")
+    expect(page.get_by_role("button", name=re.compile("Retry with eager"))).to_have_count(0)
+    expect(page.locator("#actions form.eager-remedy")).to_have_count(0)
+    page.goto(f"{server.base}/troubleshooting?run_id={run_id}&role=critic")
+    critic_entry = page.locator("#entries li.trouble-entry").first
+    expect(critic_entry.locator("code.patch")).to_have_text("critic.model.override_config.attn_implementation=eager")
+    retry = critic_entry.get_by_role("button", name="Retry with this remedy")
     retry.focus()
     with page.expect_navigation():
         page.keyboard.press("Enter")  # keyboard usable: the focused button submits its form
@@ -162,7 +172,7 @@ def test_runs_list_and_compare_after_the_runs(page, server):
     assert critic.get_attribute("data-badge") == "fallback"
     assert critic.inner_text().split() == ["critic", "flash_attention_2", "→", "sdpa", "↓", "fell", "back"]
     assert page.locator(f"tr[data-run='{retry}'] .role-badge[data-role='critic']").get_attribute("data-badge") == "override"
-    assert page.locator(f"tr[data-run='{fallback}'] td.quick button", has_text="Retry, eager critic").count() == 1
+    assert page.locator(f"tr[data-run='{fallback}'] td.quick button", has_text="Retry, eager").count() == 0  # it succeeded
     compare_link = page.locator(f"tr[data-run='{retry}'] td.quick a", has_text=f"Compare with #{fallback}")
     shot(page, "list")
     page.check(f"tr[data-run='{tiny}'] input[name='ids']")

@@ -39,7 +39,9 @@ def test_live_page_of_a_finished_run(client, session):
     assert entry.select_one(".summary").get_text() == "flash_attention_2 requested but flash-attn is not installed"
     assert "FlashAttention2 has been toggled on" in entry.select_one(".message").get_text()
     assert "Remedy:" in entry.select_one(".remedy").get_text()
-    assert page.select_one("form[action$='/retry'] input[name='eager_on'][value='critic']") is not None
+    # it succeeded on sdpa: nothing failed, so no "retry with eager" (issue 17 item 3), only the plain retry
+    assert page.select("input[name='eager_on']") == [] and page.select("#actions form.eager-remedy") == []
+    assert [b.get_text(strip=True) for b in page.select("#actions button")] == ["Retry"]
     points = json.loads(page.select_one("#metric-points").string)
     assert [p["step"] for p in points] == [1, 2]
     assert {"critic/rewards/mean", "perf/tokens_per_s", "peak_memory_mb/rank 1"} <= set(points[0]["values"])

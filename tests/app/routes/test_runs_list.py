@@ -28,12 +28,13 @@ def test_list_shows_status_and_effective_attention(client, session):
     assert not soup(fragment).select(f"tr[data-run='{run_id}']")
 
 
-@pytest.mark.parametrize("run,critic,roles", [
+@pytest.mark.parametrize("run,critic,roles,eager", [
+    # it succeeded on sdpa: nothing failed, so no "retry with eager" (issue 17 item 3)
     ("critic_fallback", ("fallback", "critic flash_attention_2 → sdpa ↓ fell back"),
-     ["actor", "rollout", "reference", "critic"]),
-    ("critic_strict", ("error", "critic flash_attention_2 → none ✕ error"), ["critic"]),  # stopped before any report
+     ["actor", "rollout", "reference", "critic"], []),
+    ("critic_strict", ("error", "critic flash_attention_2 → none ✕ error"), ["critic"], ["critic"]),  # stopped early
 ])
-def test_list_shows_a_critic_that_fell_back_or_failed_as_such(client, session, run, critic, roles):
+def test_list_shows_a_critic_that_fell_back_or_failed_as_such(client, session, run, critic, roles, eager):
     """Not "ok": the badge says what happened, in colour (its class) and in words."""
     csrf = login(client, session, ["read", "write"])
     run_id = stored_run(session, name=run, events=engine_events(run))
@@ -42,8 +43,10 @@ def test_list_shows_a_critic_that_fell_back_or_failed_as_such(client, session, r
     assert badges["critic"] == critic
     assert row.select_one(f".role-badge[data-role='critic'] .badge-{critic[0]}") is not None
     assert list(badges) == roles
-    retry = row.select_one("td.quick form input[name='eager_on'][value='critic']").parent
-    assert retry["action"] == f"/runs/{run_id}/retry" and retry.select_one("input[name='csrf_token']")["value"] == csrf
+    offered = row.select("td.quick form input[name='eager_on']")
+    assert [i["value"] for i in offered] == eager
+    for retry in (i.parent for i in offered):
+        assert retry["action"] == f"/runs/{run_id}/retry" and retry.select_one("input[name='csrf_token']")["value"] == csrf
 
 
 def test_list_quick_links_need_write(client, session):

@@ -88,7 +88,9 @@ def test_a_critic_that_fell_back():
     assert entry.message.startswith("flash_attention_2 → sdpa: ImportError: FlashAttention2 has been toggled on")
     assert entry.summary == "flash_attention_2 requested but flash-attn is not installed"
     assert entry.remedy and "critic.model.override_config.attn_implementation" in entry.remedy
-    assert view.eager_retry_roles() == ["critic"] and view.fell_back("critic") and not view.fell_back("actor")
+    # it succeeded on sdpa: nothing failed, so no "retry with eager" (issue 17 item 3)
+    assert view.status == "succeeded" and view.eager_retry_roles() == []
+    assert view.fell_back("critic") and not view.fell_back("actor")
     assert [(b.role, b.badge) for b in view.role_badges()] == [
         ("actor", "override"), ("rollout", "override"), ("reference", "override"), ("critic", "fallback")]
 
@@ -187,16 +189,19 @@ def test_a_role_badge_is_the_worst_of_its_ranks_in_any_order(ranks, rnd):
     assert found.badge == min(badges, key=BADGE_SEVERITY.index) and found.ranks == len(ranks)
 
 
-@pytest.mark.parametrize("badges,expected", [
-    ([("critic", "fallback", "sdpa"), ("actor", "override", "sdpa")], ["critic"]),
-    ([("rollout", "error", None), ("critic", "error", None)], ["actor", "critic"]),
-    ([("critic", "fallback", "eager")], []),
-    ([("actor", "forced", "eager")], []),
+@pytest.mark.parametrize("badges,status,expected", [
+    ([("critic", "fallback", "sdpa"), ("actor", "override", "sdpa")], "failed", ["critic"]),
+    ([("rollout", "error", None), ("critic", "error", None)], "failed", ["actor", "critic"]),
+    ([("critic", "fallback", "eager")], "failed", []),
+    ([("actor", "forced", "eager")], "failed", []),
+    ([("critic", "fallback", "sdpa")], "succeeded", []),  # nothing failed: the fallback already runs
+    ([("critic", "fallback", "sdpa")], "running", []),
+    ([("critic", "error", None)], "cancelled", []),
 ])
-def test_eager_retry_is_offered_for_the_setting_that_failed(badges, expected):
+def test_eager_retry_is_offered_for_the_setting_that_failed(badges, status, expected):
     found = role_badges([attention(role, 0, status=b, fallback=b == "fallback", effective=e) if b != "error" else
                          ("error", {"role": role, "rank": 0, "message": "x"}) for role, b, e in badges])
-    assert eager_settings(found) == expected
+    assert eager_settings(found, status) == expected
 
 
 def test_spec_differences_and_aligned_series():

@@ -188,7 +188,7 @@ def test_the_rank_records_a_refusal_as_a_failure_and_still_loads_what_the_check_
     assert fa2["refused_by"] == Rule.fa_not_installed.value  # refused before loading, in transformers' words
     assert fa2["error"] == f"ImportError: {messages.flash_attn_not_installed(2, 5)}"
     assert fa2["ok"] is False and fa2["diagnosis"]["category"] == "flash_attn_not_installed"
-    assert fa2["diagnosis"]["remedy"]["patch"] == {"actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
+    assert fa2["diagnosis"]["remedy"]["patch"] == {"actor_rollout_ref.model.override_config.attn_implementation": "eager"}
 
     assert "refused_by" not in hub and hub["ok"] is False  # a real load, with transformers' real error
     assert "`kernels` is either not installed" in hub["error"] and "Traceback" in hub["traceback"]

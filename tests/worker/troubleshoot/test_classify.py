@@ -26,6 +26,7 @@ from worker.troubleshoot.classify import (
     classify,
     conditions_met,
     dtype_patch,
+    eager_remedy,
     fast_path_patch,
     suggest_return_to_fast_path,
 )
@@ -253,12 +254,12 @@ def test_preview_messages_classify_as_predicted(message, category, impl):
 # (fixture file, exception type, category, implementation, patch for role=critic)
 TRACEBACKS = [
     ("flash_attention_2_not_installed", "ImportError", C.flash_attn_not_installed, "flash_attention_2",
-     {CRITIC_KEY: "sdpa"}),
+     {CRITIC_KEY: "eager"}),  # the guide's second step, as the run page's button and the preflight say
     ("unknown_implementation_name", "ValueError", C.unknown_implementation, "flsh", {CRITIC_KEY: "flash_attention_2"}),
     ("hub_kernel_without_kernels", "ImportError", C.kernels_missing, "kernels-community/flash-attn",
-     {CRITIC_KEY: "flash_attention_2"}),  # node unknown here: the chain's next after a Hub kernel
+     {CRITIC_KEY: "eager"}),
     ("flex_attention_backward_on_cpu", "NotImplementedError", C.flex_backward_cpu, "flex_attention",
-     {CRITIC_KEY: "sdpa"}),
+     {CRITIC_KEY: "eager"}),
     ("sdpa_on_model_without_sdpa", "ValueError", C.architecture_unsupported, "sdpa", {CRITIC_KEY: "eager"}),
     ("cpu_out_of_memory", "RuntimeError", C.out_of_memory, None, {}),
     ("eager_attention_out_of_memory", "RuntimeError", C.out_of_memory, "eager", {CRITIC_KEY: "sdpa"}),
@@ -354,7 +355,7 @@ ARCH_SDPA = ErrorInfo("ValueError", "GPT2Model does not support an attention imp
 ])
 def test_remedy_patch_per_role(role, keys):
     fa2 = classify(FA2_MISSING, role=role)
-    assert fa2.remedy.patch == dict.fromkeys(keys, "sdpa")
+    assert fa2.remedy.patch == dict.fromkeys(keys, "eager")
     assert fa2.role == role
     sdpa = classify(ARCH_SDPA, role=role)
     assert sdpa.remedy.patch == dict.fromkeys(keys, "eager")
@@ -368,12 +369,12 @@ def test_unknown_role_names_the_valid_ones():
 
 
 @pytest.mark.parametrize("error,patch", [
-    (FA2_MISSING, {ACTOR_KEY: "sdpa"}),  # degrade one step: fa2 -> sdpa
-    (ARCH_SDPA, {ACTOR_KEY: "eager"}),  # sdpa -> eager
+    (FA2_MISSING, {ACTOR_KEY: "eager"}),  # the guide's second step: eager
+    (ARCH_SDPA, {ACTOR_KEY: "eager"}),
     (ErrorInfo("UserWarning", "`sdpa` attention does not support `output_attentions=True`."), {ACTOR_KEY: "eager"}),
     (ErrorInfo("ValueError", TURBO_CONFLICT_MESSAGE), {ACTOR_SP_KEY: 1}),
     (ErrorInfo("", "attention forced to eager by the engine"), {}),  # a required fallback, nothing to fix
-    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), {ACTOR_KEY: "flash_attention_2"}),  # node unknown
+    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), {ACTOR_KEY: "eager"}),
     (ErrorInfo("RuntimeError", "std::bad_alloc"), {}),  # not a spec change
     (ErrorInfo("RuntimeError", "Could not override 'a.b'.\nTo append to your config use +a.b=1"), {}),
     (ErrorInfo("RuntimeError", "weird"), {}),
@@ -410,29 +411,33 @@ def test_flash_attn_dtype_remedy_sets_the_roles_compute_dtype(role, keys):
         assert fixed.precision(name)[0] == ("bfloat16" if name in patched_roles else "float32")
 
 
-# The next implementation of the one fallback chain that the node can run, given what the error taught.
+# Whatever the node and whatever the error taught, a role that cannot run its attention gets the guide's second
+# step: eager_remedy's patch, the one the run page's button and the preview's preflight apply.
 H100_FA2 = node("cuda", (9, 0), flash_attn_version="2.8.3")
 A100_FA2 = node("cuda", (8, 0), flash_attn_version="2.8.3")
 
 
-@pytest.mark.parametrize("error,env,target", [
-    (ErrorInfo("ImportError", f"{PREFACE3} the package for FlashAttention3 doesn't seem to be installed."), H100_FA2,
-     "flash_attention_2"),  # fa3 -> fa2, which this H100 runs
+@pytest.mark.parametrize("error,env", [
+    (ErrorInfo("ImportError", f"{PREFACE3} the package for FlashAttention3 doesn't seem to be installed."), H100_FA2),
+    # an H100 with flash-attn 2 could run fa2, yet the guide's step is eager; the entry says return to the fast path
     (ErrorInfo("ImportError", f"{PREFACE3} the package for FlashAttention3 doesn't seem to be installed."),
-     node("cuda", (9, 0)), "sdpa"),  # no flash-attn either
+     node("cuda", (9, 0))),
     (ErrorInfo("ImportError", "FlashAttention3 has been toggled on, but it cannot be used due to the following error: "
                               "FlashAttention3 requires compute capability >= 9, but found (8, 0) with compute "
-                              "capability 8.x"), node("cuda", (8, 0), flash_attn_version="2.8.3"), "flash_attention_2"),
-    (ErrorInfo("ValueError", f"BertModel does not support Flash Attention 3 yet.{HUB_PAGE}"), H100_FA2, "sdpa"),  # one flag
-    (ErrorInfo("ValueError", messages.ulysses_kernel("flash_attention_3")), H100_FA2, "sdpa"),  # fa2 is not wrapped
-    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), node("cpu"), "sdpa"),  # fa2 cannot run on this CPU
-    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), A100_FA2, "flash_attention_2"),
-    (ErrorInfo("UserWarning", "Flash Attention does not support `output_attentions=True`."), A100_FA2, "eager"),
+                              "capability 8.x"), node("cuda", (8, 0), flash_attn_version="2.8.3")),
+    (ErrorInfo("ValueError", f"BertModel does not support Flash Attention 3 yet.{HUB_PAGE}"), H100_FA2),
+    (ErrorInfo("ValueError", messages.ulysses_kernel("flash_attention_3")), H100_FA2),
+    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), node("cpu")),
+    (ErrorInfo("ModuleNotFoundError", "No module named 'kernels'"), A100_FA2),
+    (ErrorInfo("UserWarning", "Flash Attention does not support `output_attentions=True`."), A100_FA2),
     (ErrorInfo("RuntimeError", "This flash attention build does not support headdim not being a multiple of 32."),
-     A100_FA2, "sdpa"),
+     A100_FA2),
 ])
-def test_remedies_walk_the_one_chain(error, env, target):
-    assert classify(error, env, role="actor").remedy.patch == {ACTOR_KEY: target}
+def test_a_role_that_cannot_run_its_attention_gets_the_one_eager_remedy(error, env):
+    for role in ("actor", "reference", "critic"):
+        diagnosis = classify(error, env, role=role)
+        assert diagnosis.step in (Step.fall_back_to_eager, Step.check_hardware, Step.check_compatibility)
+        assert diagnosis.remedy.patch == eager_remedy([role]).patch
 
 
 def test_ulysses_remedy_says_the_limit_is_attnboards():
