@@ -29,6 +29,7 @@ class Server:
         self.base, self.db_url, self.data = base, db_url, data
         self.token = ""
         self.runs: dict[str, int] = {}  # what the tests launched, by purpose
+        self.pid = 0  # the serving process
 
     def api(self, path: str) -> Any:
         resp = httpx.get(self.base + path, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
@@ -47,6 +48,7 @@ def served(data: Path, command: Sequence[str], env: dict[str, str] | None = None
     proc = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=env)
     srv = Server(f"http://127.0.0.1:{port}", env.get("ATTNBOARD_DATABASE_URL") or f"sqlite:///{data / 'attnboard.db'}",
                  data)
+    srv.pid = proc.pid
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -11,24 +11,19 @@ for both and recommends one. The app's process never imported torch. The figures
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from app.services.ray_runtime import HEAD_RECORD, HeadRecord, free_port, pid_alive, stop_head
-from tests.app.browser.support import CHROMIUM
-from tests.app.browser.test_dashboard_browser import Server, _cancel_active, _create_token, expect, run_id_of, shot
-from tests.app.service_support import ray_env
+from tests.app.browser.support import Server, expect, run_id_of, served
+from tests.app.browser.test_dashboard_browser import _create_token, shot
 from tests.app.test_trials import torch_in_process
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
 
-ROOT = Path(__file__).resolve().parents[3]
 RUN_STEPS = 12  # long enough that the trial is started while the run still holds both CPUs
 TRIAL_STEPS = 3  # the form's default: the first step is warm-up, the other two give the mean and the spread
 TIMEOUT_MS = 300_000
@@ -36,44 +31,17 @@ TIMEOUT_MS = 300_000
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The served app with 2 CPUs and 1 warm rank; at the end active runs and trials are cancelled, the app
-    stopped and its Ray head too."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: run ./scripts/setup.sh --test (apt-get install chromium)")
+    """The served app with 2 CPUs and 1 warm rank; at the end active trials are cancelled, then (``served``)
+    active runs, the app stopped and its Ray head too."""
     data = tmp_path_factory.mktemp("trial-server")
     db_url = f"sqlite:///{data / 'attnboard.db'}"
-    port = free_port()
-    env = {**ray_env(None), "ATTNBOARD_DATA_DIR": str(data), "ATTNBOARD_DATABASE_URL": db_url,
-           "ATTNBOARD_RAY_NUM_CPUS": "2", "ATTNBOARD_WARM_RANKS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:create_served_app", "--factory",
-                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env)
-    srv = Server(f"http://127.0.0.1:{port}", db_url, data)
-    srv.pid = proc.pid  # type: ignore[attr-defined]
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(srv.base + "/login", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on {srv.base} (exit code {proc.poll()})")
-            time.sleep(0.3)
+    with served(data, [sys.executable, "-m", "uvicorn", "app.main:create_served_app", "--factory", "--host", "127.0.0.1",
+                       "--log-level", "warning"], env={"ATTNBOARD_DATABASE_URL": db_url, "ATTNBOARD_WARM_RANKS": "1"}) as srv:
         srv.token = _create_token(db_url)
-        yield srv
-    finally:
-        _cancel_trials(srv)
-        _cancel_active(srv)
-        proc.terminate()
         try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        record = HeadRecord.load(data / HEAD_RECORD)
-        if record is not None and pid_alive(record.pid):
-            stop_head(record.pid)
+            yield srv
+        finally:
+            _cancel_trials(srv)
 
 
 def _cancel_trials(srv: Server) -> None:
