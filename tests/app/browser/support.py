@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[3]
 ACTIVE = ("queued", "starting", "running")
 RUN_TIMEOUT_MS = 150_000
 SCREENSHOTS = ROOT / "tests" / "screenshots"
+START_TIMEOUT_S = 120
+START_ATTEMPTS = 3
 
 
 class Server:
@@ -45,23 +47,25 @@ def served(data: Path, command: Sequence[str], env: dict[str, str] | None = None
     every run still active is cancelled, the server stopped, and the embedded Ray head stopped if still up."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: run ./scripts/setup.sh --test (apt-get install chromium)")
-    port = free_port()
     env = {**ray_env(None), "ATTNBOARD_DATA_DIR": str(data), "ATTNBOARD_RAY_NUM_CPUS": "2", **(env or {})}
-    proc = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=env)
-    srv = Server(f"http://127.0.0.1:{port}", env.get("ATTNBOARD_DATABASE_URL") or f"sqlite:///{data / 'attnboard.db'}",
-                 data)
-    srv.pid = proc.pid
+    db_url = env.get("ATTNBOARD_DATABASE_URL") or f"sqlite:///{data / 'attnboard.db'}"
+    exits: list[int] = []
     try:
-        deadline = time.monotonic() + 120
         while True:
-            try:
-                if httpx.get(srv.base + "/login", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the app did not start on {srv.base} (exit code {proc.poll()})")
-            time.sleep(0.3)
+            # The app starts its Ray head before it binds, and the head's processes take ports at random: one may
+            # take the port chosen here ("address already in use", exit code 3). Such a start is tried again on
+            # another port, twice at most; a server that never starts still fails, naming every exit code.
+            port = free_port()
+            proc = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=env)
+            srv = Server(f"http://127.0.0.1:{port}", db_url, data)
+            srv.pid = proc.pid
+            if _answers(srv, proc):
+                break
+            if proc.poll() is None:
+                proc.kill()
+            exits.append(proc.wait(timeout=10))
+            if len(exits) == START_ATTEMPTS:
+                raise RuntimeError(f"the app did not start on {srv.base} (exit codes of {START_ATTEMPTS} tries: {exits})")
         yield srv
     finally:
         cancel_active(srv)
@@ -88,6 +92,19 @@ def create_token(db_url: str) -> str:
     finally:
         engine.dispose()
     return token
+
+
+def _answers(srv: Server, proc: subprocess.Popen) -> bool:
+    """Whether the server answers on its port within ``START_TIMEOUT_S`` (False at once when it exits)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(srv.base + "/login", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    return False
 
 
 def cancel_active(srv: Server) -> None:

@@ -216,7 +216,8 @@ def test_value_model_has_one_label_backbone_from_the_lm_and_a_seeded_head(llama_
 def test_model_info_and_architecture_support(llama_folder, cache_dir, tmp_path):
     assert models.model_info(llama_folder) == ModelInfo(
         architecture="LlamaForCausalLM", num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
-        extra={"model_type": "llama", "num_hidden_layers": 2, "vocab_size": len(models.char_vocab())},
+        extra={"model_type": "llama", "num_hidden_layers": 2, "vocab_size": len(models.char_vocab()),
+               "head_dim": 64 // 4, "global_head_dim": None},  # what FlashAttention's head-dim limit is checked on
     )
     assert models.architecture_support(llama_folder) == {
         "model_class": "LlamaForCausalLM", "flash_attn": True, "sdpa": True, "flex_attn": True,
