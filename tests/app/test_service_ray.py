@@ -255,6 +255,8 @@ def test_twenty_clients_submit_five_runs_each_and_every_run_is_accounted_for(ser
     assert " 500 " not in app.tail(10**7)
     for run_id in [*ids, blocker]:
         client.post(f"/api/runs/{run_id}/cancel")
+    # the blocker holds every CPU of the module's head: the next test's run must not wait behind it
+    wait_until(client, blocker, lambda r: r["status"] == "cancelled", timeout=120, what="the blocker cancelled")
 
 
 def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(head: RayHead, tmp_path: Path):
@@ -265,7 +267,9 @@ def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(head: Ra
     try:
         down.start()
         headers = token_headers(f"sqlite:///{data / 'attnboard.db'}")
-        spec = tiny_run_spec(steps=200)
+        # one CPU a rank: a derived rank_cpus would ask for the whole head, which the module's earlier runs may
+        # still be releasing
+        spec = tiny_run_spec(steps=200, **{"attnboard.rank_cpus": 1})
         with httpx.Client(base_url=down.url, headers=headers, timeout=60) as client:
             resp = client.post("/api/runs", json={"name": "later", "spec": spec})
             assert resp.status_code == 503, resp.text

@@ -187,6 +187,7 @@ def test_plus_rule_against_verls_generated_config() -> None:
         "+attnboard.debug.output_attentions",
         "+attnboard.fallback_policy",
         "+attnboard.max_restarts",
+        "+attnboard.rank_cpus",
         "+attnboard.seed",
         "+critic.model.override_config.attn_implementation",
         "+critic.model.override_config.pad_token_id",
@@ -211,7 +212,7 @@ def test_runspec_defaults_are_verls() -> None:
     verl_only = [k for k in SPEC_KEYS if VERL_NAMES.get(k, k) not in VERL_DEFAULTS and k not in CONFIG_GROUPS]
     assert ours["model_engine"] == "dp"  # ppo_trainer.yaml's defaults list: - model_engine: dp
     assert verl_only == ["attnboard.fallback_policy", "attnboard.seed", "attnboard.max_restarts",
-                         "attnboard.debug.output_attentions"]
+                         "attnboard.rank_cpus", "attnboard.debug.output_attentions"]
     shared = {k: VERL_NAMES.get(k, k) for k in SPEC_KEYS if k not in verl_only and k not in CONFIG_GROUPS}
     differing = {k: (ours[k], VERL_DEFAULTS[v]) for k, v in shared.items() if ours[k] != VERL_DEFAULTS[v]}
     # rollout.name is mandatory in verl (???); attnboard defaults to vllm, verl's usual engine.
