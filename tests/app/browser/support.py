@@ -3,8 +3,10 @@ real runs on the tiny CPU preset), Debian's chromium under Playwright, and the h
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -78,6 +80,21 @@ def served(data: Path, command: Sequence[str], env: dict[str, str] | None = None
         record = HeadRecord.load(data / HEAD_RECORD)
         if record is not None and pid_alive(record.pid):
             stop_head(record.pid)
+
+
+ATTNBOARD = str(Path(sys.executable).with_name("attnboard"))
+
+
+@contextmanager
+def served_as_readme_says(data: Path, token_name: str) -> Iterator[Server]:
+    """``attnboard serve`` on a fresh data folder and nothing else (SQLite there, the embedded Ray head), with a
+    write token from ``attnboard token create``, as the README says."""
+    with served(data, [ATTNBOARD, "serve", "--host", "127.0.0.1"]) as srv:
+        made = subprocess.run([ATTNBOARD, "token", "create", token_name, "--scope", "write", "--json"], cwd=ROOT,
+                              env={**ray_env(None), "ATTNBOARD_DATA_DIR": str(data)}, capture_output=True, text=True,
+                              check=True)
+        srv.token = json.loads(made.stdout)["token"]
+        yield srv
 
 
 def create_token(db_url: str) -> str:

@@ -9,21 +9,15 @@ Real runs, in file order: two tiny CPU runs and one trial.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.app.browser.support import ROOT, RUN_TIMEOUT_MS, Server, expect, reveal, run_id_of, served
-from tests.app.service_support import ray_env
+from tests.app.browser.support import RUN_TIMEOUT_MS, Server, expect, reveal, run_id_of, served_as_readme_says
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
 
-ATTNBOARD = str(Path(sys.executable).with_name("attnboard"))
 CRITIC_ATTN = "critic.model.override_config.attn_implementation"
 STEPS = 2
 TRIAL_TIMEOUT_MS = 240_000
@@ -33,11 +27,7 @@ TRIAL_TIMEOUT_MS = 240_000
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``attnboard serve`` on a fresh data folder and nothing else: its defaults put SQLite there and start Ray."""
     data = tmp_path_factory.mktemp("journeys")
-    with served(data, [ATTNBOARD, "serve", "--host", "127.0.0.1"]) as srv:
-        made = subprocess.run([ATTNBOARD, "token", "create", "newcomer", "--scope", "write", "--json"], cwd=ROOT,
-                              env={**ray_env(None), "ATTNBOARD_DATA_DIR": str(data)}, capture_output=True, text=True,
-                              check=True)
-        srv.token = json.loads(made.stdout)["token"]
+    with served_as_readme_says(data, "newcomer") as srv:
         yield srv
 
 

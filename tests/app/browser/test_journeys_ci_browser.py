@@ -23,12 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.browser.support import ROOT, RUN_TIMEOUT_MS, Server, expect, reveal, run_id_of, served
-from tests.app.service_support import ray_env
+from tests.app.browser.support import ROOT, RUN_TIMEOUT_MS, Server, expect, reveal, run_id_of, served_as_readme_says
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
 
-ATTNBOARD = str(Path(sys.executable).with_name("attnboard"))
 ACTOR_ATTN = "actor_rollout_ref.model.override_config.attn_implementation"
 CRITIC_ATTN = "critic.model.override_config.attn_implementation"
 SCREENSHOTS = ROOT / "tests" / "screenshots"
@@ -39,11 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``attnboard serve`` on a fresh data folder (SQLite there, the embedded Ray head) and a write token from
     ``attnboard token create``, as the README says."""
     data = tmp_path_factory.mktemp("journeys-ci")
-    with served(data, [ATTNBOARD, "serve", "--host", "127.0.0.1"]) as srv:
-        made = subprocess.run([ATTNBOARD, "token", "create", "ci", "--scope", "write", "--json"], cwd=ROOT,
-                              env={**ray_env(None), "ATTNBOARD_DATA_DIR": str(data)}, capture_output=True, text=True,
-                              check=True)
-        srv.token = json.loads(made.stdout)["token"]
+    with served_as_readme_says(data, "ci") as srv:
         yield srv
 
 
