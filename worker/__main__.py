@@ -87,8 +87,8 @@ class _Console:
             self.console.print(f"[yellow]restart[/] {escape(p['message'])}")
         elif kind == "metric" and self.task is not None:
             v = p["values"]
-            info = (f"score {v.get('critic/score/mean', 0):.3f}  kl {v.get('actor/kl', 0):.4f}  "
-                    f"{v.get('perf/tokens_per_s', 0):.0f} tok/s")
+            kl = f"  kl {v['actor/kl']:.4f}" if "actor/kl" in v else ""  # only where a KL term ran the reference
+            info = f"score {v.get('critic/score/mean', 0):.3f}{kl}  {v.get('perf/tokens_per_s', 0):.0f} tok/s"
             self.progress.update(self.task, completed=p["step"], info=info)
 
     def _print_attention(self) -> None:

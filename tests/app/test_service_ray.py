@@ -259,7 +259,11 @@ def test_twenty_clients_submit_five_runs_each_and_every_run_is_accounted_for(ser
     wait_until(client, blocker, lambda r: r["status"] == "cancelled", timeout=120, what="the blocker cancelled")
 
 
-def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(head: RayHead, tmp_path: Path):
+def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(tmp_path: Path):
+    # a head of its own: the module's served app keeps a warm rank on the shared head, holding every CPU a
+    # one-rank run of that head asks for, and another app's scheduler cannot use it (CI saw 'waiting for 1 CPU
+    # (0 free of 4)' for 60 s)
+    head = RayHead.start(tmp_path / "ray-head", num_cpus=CLUSTER_CPUS)
     data = tmp_path / "data"
     nowhere = f"127.0.0.1:{free_port()}"
     down = AppProcess(app_env(head.env, data_dir=data, ray_address=nowhere), tmp_path / "down.log")
@@ -267,8 +271,6 @@ def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(head: Ra
     try:
         down.start()
         headers = token_headers(f"sqlite:///{data / 'attnboard.db'}")
-        # one CPU a rank: a derived rank_cpus would ask for the whole head, which the module's earlier runs may
-        # still be releasing
         spec = tiny_run_spec(steps=200, **{"attnboard.rank_cpus": 1})
         with httpx.Client(base_url=down.url, headers=headers, timeout=60) as client:
             resp = client.post("/api/runs", json={"name": "later", "spec": spec})
@@ -298,3 +300,4 @@ def test_ray_unreachable_at_submit_answers_503_and_the_run_starts_later(head: Ra
     finally:
         down.kill()
         up.stop()
+        head.stop()

@@ -433,6 +433,19 @@ def on_policy(*, ppo_epochs: int, rows: int, mini_batch: int, kl_in_reward: bool
     return ppo_epochs == 1 and mini_batch >= rows and not kl_in_reward
 
 
+def needs_reference(*, use_kl_loss: bool, use_kl_in_reward: bool) -> bool:
+    """verl's ``need_reference_policy``: the reference's log-probs are read only by a KL term, in the actor's loss
+    or in the reward; without either no step runs the reference forward (the role is still loaded, so its
+    attention is resolved and reported like every role's).
+
+    >>> needs_reference(use_kl_loss=False, use_kl_in_reward=False)
+    False
+    >>> needs_reference(use_kl_loss=True, use_kl_in_reward=False)
+    True
+    """
+    return use_kl_loss or use_kl_in_reward
+
+
 @dataclass(frozen=True)
 class CriticSettings:
     ppo_epochs: int

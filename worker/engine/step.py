@@ -1,7 +1,7 @@
 """One PPO step as named phases, in the order of verl's ``RayPPOTrainer.fit``: generate (and, for an
-estimator that subtracts one, the greedy baseline), rewards, old log-probs, reference, values (for an
-estimator that reads a critic), advantages, update critic, update actor, metrics. What the estimator reads
-is its registry entry's (``worker.ppo.advantage``).
+estimator that subtracts one, the greedy baseline), rewards, old log-probs, reference (where a KL term reads
+it: verl's ``need_reference_policy``), values (for an estimator that reads a critic), advantages, update critic,
+update actor, metrics. What the estimator reads is its registry entry's (``worker.ppo.advantage``).
 
 Each phase reads and adds fields of one batch (a dict of tensors and lists, rows = prompt x sample,
 ``N = B * rollout.n``) and calls the ranks through the run's ``WorkerGroup``; the arithmetic between the
@@ -37,6 +37,8 @@ class PPOStep:
         rollout = spec.actor_rollout_ref.rollout
         self.temperature = rollout.temperature if rollout.do_sample and rollout.temperature > 0 else 1.0
         self.estimator = estimator(spec.algorithm.adv_estimator)
+        self.with_reference = compute.needs_reference(use_kl_loss=spec.actor_rollout_ref.actor.use_kl_loss,
+                                                      use_kl_in_reward=spec.algorithm.use_kl_in_reward)
 
     def __call__(self, picked: list[Any], *, step: int, total_steps: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -47,7 +49,8 @@ class PPOStep:
         self.rewards(batch, picked)
         if not self.on_policy(batch):
             self.old_log_probs(batch)
-        self.reference(batch)
+        if self.with_reference:
+            self.reference(batch)
         metrics = self.kl_in_reward(batch)
         if self.estimator.critic:
             self.values(batch)
@@ -212,7 +215,6 @@ class PPOStep:
         mask = batch["response_mask"].float()  # (N, R)
         seq_scores = batch["seq_scores"]
         valid_tokens = float(batch["attention_mask"].sum())
-        kl = ppo_math.masked_mean(batch["old_log_probs"] - batch["ref_log_prob"], mask)  # k1 estimate
         probs_diff = ppo_math.masked_mean((batch["rollout_log_probs"].exp() - batch["old_log_probs"].exp()).abs(), mask)
         peak = self.group.call("peak_memory_mb")
         valid = mask.bool()
@@ -224,7 +226,6 @@ class PPOStep:
             "critic/returns/mean": float(returns.mean()),
             "critic/rewards/mean": float(batch["token_level_rewards"].sum(-1).mean()),
             "critic/score/mean": sum(seq_scores) / len(seq_scores),
-            "actor/kl": float(kl),
             "actor/entropy": float(ppo_math.masked_mean(batch["entropy"], mask)),
             "response_length/mean": float(mask.sum(-1).mean()),
             "training/rollout_probs_diff_mean": float(probs_diff),
@@ -233,6 +234,8 @@ class PPOStep:
             "timing_s/gen": generated - started,
             "perf/max_memory_mb": max(peak),
         })
+        if "ref_log_prob" in batch:  # the k1 estimate of KL to the reference, where a step ran its forward
+            metrics["actor/kl"] = float(ppo_math.masked_mean(batch["old_log_probs"] - batch["ref_log_prob"], mask))
         return {"step": step, "total_steps": total_steps, "values": metrics,
                 "peak_memory_mb": {str(r): m for r, m in enumerate(peak)}}
 

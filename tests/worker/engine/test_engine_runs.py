@@ -94,7 +94,7 @@ def assert_observed(events: list[dict], expected: dict[str, str]) -> None:
     assert of(events, "attention_mismatch") == []
 
 
-METRIC_KEYS = {"critic/rewards/mean", "critic/score/mean", "actor/kl", "actor/pg_loss", "actor/entropy",
+METRIC_KEYS = {"critic/rewards/mean", "critic/score/mean", "actor/pg_loss", "actor/entropy",
                "actor/pg_clipfrac", "response_length/mean", "perf/tokens_per_s", "perf/step_time_s",
                "training/rollout_probs_diff_mean"}
 
@@ -107,6 +107,8 @@ def test_gae_learns_with_sdpa_actor_and_eager_critic(local_ray, cache_dir):
     metrics = of(events, "metric")
     assert [m["step"] for m in metrics] == list(range(1, 21)) and metrics[0]["total_steps"] == 20
     assert METRIC_KEYS | {"critic/vf_loss"} <= metrics[-1]["values"].keys()
+    # no KL term (verl's defaults): no step ran the reference forward, so there is no KL to the reference to report
+    assert all("actor/kl" not in m["values"] for m in metrics)
     assert set(metrics[-1]["peak_memory_mb"]) == {"0", "1"}
     # Same kernel for rollout and training: sampling and re-scoring agree (verl's bound is 0.005).
     assert max(m["values"]["training/rollout_probs_diff_mean"] for m in metrics) < 0.005
@@ -278,9 +280,10 @@ def test_a_killed_rank_fails_the_run_naming_the_rank_under_fsdp1(local_ray, cach
 def test_a_run_packs_or_pads_its_micro_batches_as_use_remove_padding_says(local_ray, cache_dir, remove_padding):
     """verl's use_remove_padding (default true) packs every micro-batch of the actor, the reference and the
     critic into one row; false trains on padded rows. Both succeed and each attention event says which;
-    the rollout generates padded rows either way."""
+    the rollout generates padded rows either way. The KL loss makes the step run the reference's forward."""
     spec = tiny_spec(algo="gae", steps=1, **{"actor_rollout_ref.model.use_remove_padding": remove_padding,
-                                            "critic.model.use_remove_padding": remove_padding})
+                                            "critic.model.use_remove_padding": remove_padding,
+                                            "actor_rollout_ref.actor.use_kl_loss": True})
     state, events = run(spec, f"remove-padding-{remove_padding}".lower(), cache_dir)
     assert state == "succeeded", of(events, "error")
     packed = {(a["role"], a["rank"]): a["remove_padding"] for a in of(events, "attention")}
