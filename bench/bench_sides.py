@@ -7,14 +7,16 @@ library prints there is ignored by the driver).
 SIDE:
 - ``attnboard``: the real engine (``worker.engine.trainer.Trainer`` on a local Ray of ``threads`` CPUs,
   ``ranks`` rank actors of ``threads / ranks`` CPUs and torch threads each), PPO (gae) or GRPO;
-- ``floor``: the plain-torch PPO (gae) step: HF ``generate``, one reference and one critic forward, one
-  forward/backward per micro-batch of the actor and the critic, one AdamW step each; nothing else;
+- ``floor``: the plain-torch step, the least work one needs (no reference forward, as attnboard's sides run
+  none), per ``algo``: PPO (gae): HF ``generate``, one critic forward, one forward/backward per micro-batch of
+  the actor and the critic, one AdamW step each; GRPO: the prefill once per prompt, HF ``generate`` of ``n``
+  samples, group-normalised advantages, one actor forward/backward per micro-batch, one AdamW step;
 - ``trl-ppo``: TRL's ``trl.experimental.ppo.PPOTrainer`` (TRL <= 1.12; 1.13 removed it);
 - ``trl-grpo``: TRL's ``GRPOTrainer`` (n samples per prompt, no KL term: ``beta=0``).
 
-The TRL sides run in the Python of the TRL venv (``bench/_work/trl-venv``, see ``bench_trl.py``); the others in
-the project's. The step is timed here, from the ``step`` line to the end of the update; the driver measures
-the machine around it.
+The TRL sides run in the Python of their TRL venv (``bench/_work/trl-ppo-venv`` with TRL 1.12,
+``bench/_work/trl-grpo-venv`` with TRL 1.16; see ``bench_trl.py``); the others in the project's. The step is
+timed here, from the ``step`` line to the end of the update; the driver measures the machine around it.
 """
 
 from __future__ import annotations
@@ -118,35 +120,71 @@ def attnboard(cfg: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The plain-torch floor (PPO, gae)
+# The plain-torch floor (PPO with gae, or GRPO)
+
+FLOOR_ALGOS = ("gae", "grpo")
 
 
 def floor(cfg: dict[str, Any]) -> None:
+    """The least work one step of ``cfg["algo"]`` needs, in plain torch. No reference forward: the bench's
+    attnboard sides set neither ``actor.use_kl_loss`` nor ``algorithm.use_kl_in_reward``, so the engine runs none.
+    No old log-prob forward either: one epoch of one mini-batch is on-policy, the ratio's denominator is the
+    update's own forward, detached.
+
+    - gae: HF ``generate`` of one response per prompt, one critic forward (the old values), a random last-token
+      reward, GAE (gamma = lambda = 1); per micro-batch one actor and one critic forward + backward (PPO clip
+      loss, clipped value loss); one AdamW step each.
+    - grpo: the prompts' prefill once, then HF ``generate`` of ``n`` samples per prompt from it; a random rule
+      reward per sample, advantages normalised per prompt group (mean, std); per micro-batch one actor forward +
+      backward (PPO clip loss); one AdamW step. No critic.
+    """
     import torch
     import torch.nn.functional as F
 
     from worker.engine import models
 
+    algo = cfg["algo"]
+    if algo not in FLOOR_ALGOS:
+        raise SystemExit(f"floor: cfg algo {algo!r} is not one the floor runs; valid: {', '.join(FLOOR_ALGOS)}")
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(0)
     folder = cfg["folder"]
     config = models.build_config(folder, {}, "sdpa")
     actor = models.load_causal_lm(folder, config)
-    reference = models.load_causal_lm(folder, config).requires_grad_(False).eval()
-    critic = models.load_value_model(folder, config)
     a_opt = torch.optim.AdamW(actor.parameters(), lr=1e-6)
-    c_opt = torch.optim.AdamW(critic.parameters(), lr=1e-6)
-    n, p, r, micro = cfg["prompts"], cfg["prompt_len"], cfg["response_len"], cfg["micro"]
-    vocab = config.vocab_size
-    prompts = torch.randint(4, min(vocab, 80), (n, p))  # every prompt p tokens: no padding
+    critic = models.load_value_model(folder, config) if algo == "gae" else None
+    c_opt = torch.optim.AdamW(critic.parameters(), lr=1e-6) if critic is not None else None
+    k = cfg["n"] if algo == "grpo" else 1  # samples per prompt
+    prompts_n, p, r, micro = cfg["prompts"], cfg["prompt_len"], cfg["response_len"], cfg["micro"]
+    n = prompts_n * k  # rows: prompt i's samples are rows i*k .. i*k+k-1
+    prompts = torch.randint(4, min(config.vocab_size, 80), (prompts_n, p))  # every prompt p tokens: no padding
 
     def logp(model: torch.nn.Module, seqs: torch.Tensor) -> torch.Tensor:
         keep = torch.arange(p - 1, p + r - 1)  # the positions that predict the response: the output layer runs there
-        logits = model(input_ids=seqs, use_cache=False, logits_to_keep=keep).logits.float()  # (n, r, V)
-        return torch.gather(F.log_softmax(logits, -1), -1, seqs[:, p:, None]).squeeze(-1)  # (n, r)
+        logits = model(input_ids=seqs, use_cache=False, logits_to_keep=keep).logits.float()  # (m, r, V)
+        return torch.gather(F.log_softmax(logits, -1), -1, seqs[:, p:, None]).squeeze(-1)  # (m, r)
 
     def values(seqs: torch.Tensor) -> torch.Tensor:
-        return critic(input_ids=seqs, use_cache=False).logits.float()[:, p - 1: p + r - 1, 0]  # (n, r)
+        assert critic is not None
+        return critic(input_ids=seqs, use_cache=False).logits.float()[:, p - 1: p + r - 1, 0]  # (m, r)
+
+    def generate() -> torch.Tensor:
+        """-> (n, p + r): ``k`` sampled responses per prompt, the prompts' prefill run once."""
+        ids = prompts
+        sample = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": r,
+                  "min_new_tokens": r, "pad_token_id": 0}
+        if k == 1:
+            return actor.generate(ids, attention_mask=torch.ones_like(ids), **sample)
+        cache = actor(input_ids=ids[:, :-1], use_cache=True).cache  # the prefill, once per prompt
+        cache.batch_repeat_interleave(k)  # (prompts_n, ...) -> (n, ...): each prompt's cache for its k samples
+        ids = ids.repeat_interleave(k, 0)  # (n, p); generate runs only the last prompt token, k times
+        return actor.generate(ids, attention_mask=torch.ones_like(ids), cache=cache, **sample)
+
+    def clip_loss(rows: slice, advantages: torch.Tensor) -> torch.Tensor:
+        """The PPO clip loss on policy over ``rows`` (clip 0.2)."""
+        new = logp(actor, seqs[rows])  # (m, r): on-policy, so the old log-probs are this forward's
+        ratio = torch.exp(new - new.detach())
+        return -torch.min(ratio * advantages[rows], ratio.clamp(0.8, 1.2) * advantages[rows]).mean()
 
     turns = Turns()
     turns.started = time.perf_counter()
@@ -154,41 +192,42 @@ def floor(cfg: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         actor.eval()
         with torch.no_grad():
-            seqs = actor.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0,
-                                  top_k=0, top_p=1.0, max_new_tokens=r, min_new_tokens=r, pad_token_id=0)  # (n, p+r)
+            seqs = generate()  # (n, p + r)
         gen_s = time.perf_counter() - t0
-        with torch.no_grad():
-            ref = logp(reference, seqs)  # (n, r)
-            old_values = values(seqs)  # (n, r)
-        reward = torch.zeros(n, r)
-        reward[:, -1] = torch.rand(n)
-        reward = reward - 0.001 * torch.zeros_like(ref)  # the KL-in-reward shape, computed as PPO does
-        adv, last = torch.zeros(n, r), torch.zeros(n)
-        for t in reversed(range(r)):  # GAE, gamma = lambda = 1
-            nxt = old_values[:, t + 1] if t + 1 < r else torch.zeros(n)
-            last = reward[:, t] + nxt - old_values[:, t] + last
-            adv[:, t] = last
-        returns = adv + old_values
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        if critic is None:  # GRPO: one outcome score per sample, normalised within its prompt's group
+            scores = torch.rand(prompts_n, k)  # (prompts, k)
+            scores = (scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)
+            adv = scores.reshape(n, 1).expand(n, r)  # (n, r): the sample's score on every response token
+        else:
+            with torch.no_grad():
+                old_values = values(seqs)  # (n, r)
+            reward = torch.zeros(n, r)
+            reward[:, -1] = torch.rand(n)
+            adv, last = torch.zeros(n, r), torch.zeros(n)
+            for t in reversed(range(r)):  # GAE, gamma = lambda = 1
+                nxt = old_values[:, t + 1] if t + 1 < r else torch.zeros(n)
+                last = reward[:, t] + nxt - old_values[:, t] + last
+                adv[:, t] = last
+            returns = adv + old_values
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         actor.train()
-        critic.train()
         a_opt.zero_grad()
-        c_opt.zero_grad()
+        if critic is not None and c_opt is not None:
+            critic.train()
+            c_opt.zero_grad()
         for i in range(0, n, micro):
-            rows = slice(i, i + micro)
-            new = logp(actor, seqs[rows])  # (m, r): on-policy, so the old log-probs are this forward's
-            ratio = torch.exp(new - new.detach())
-            pg = -torch.min(ratio * adv[rows], ratio.clamp(0.8, 1.2) * adv[rows]).mean()
-            (pg * (min(micro, n - i) / n)).backward()
-            v = values(seqs[rows])
-            vf = 0.5 * torch.max((v - returns[rows]) ** 2,
-                                 (old_values[rows] + (v - old_values[rows]).clamp(-0.5, 0.5) - returns[rows]) ** 2).mean()
-            (vf * (min(micro, n - i) / n)).backward()
+            rows, share = slice(i, i + micro), min(micro, n - i) / n
+            (clip_loss(rows, adv) * share).backward()
+            if critic is not None:
+                v = values(seqs[rows])
+                vf = 0.5 * torch.max((v - returns[rows]) ** 2,
+                                     (old_values[rows] + (v - old_values[rows]).clamp(-0.5, 0.5) - returns[rows]) ** 2).mean()
+                (vf * share).backward()
         torch.nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
-        torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
         a_opt.step()
-        c_opt.step()
-        del ref
+        if critic is not None and c_opt is not None:
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
+            c_opt.step()
         if not turns.done(gen_s=gen_s, tokens=float(n * r)):
             return
 
