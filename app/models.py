@@ -298,6 +298,8 @@ class RunPublic(RunBase):
     ray_job: str | None
     restarts: int = Field(description="Times the run restarted after a rank or its engine host died "
                                       "(attnboard.max_restarts bounds it).")
+    archived: bool = Field(description="Put away (POST /api/runs/{id}/archive): GET /api/runs and the runs list "
+                                       "leave it out unless archived runs are asked for.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property

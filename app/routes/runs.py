@@ -67,13 +67,16 @@ async def list_runs(
     spec_id: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
     created_after: Annotated[Timestamp, Query(description="ISO 8601, inclusive.")] = None,
     created_before: Annotated[Timestamp, Query(description="ISO 8601, exclusive.")] = None,
+    archived: Annotated[runs.ArchivedChoice, Query(description="Archived runs: hide (the default, as the runs list "
+                                                          "does), with (among the others) or only.")] = "hide",
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> Response:
     """Newest first; ``total`` counts every run that matches the filters."""
     where = runs.run_filters(status=status, name=name, spec_id=spec_id, created_after=created_after,
                              created_before=created_before)
-    return _json(await reader_of(request)(reads.run_page_json, where=where, limit=limit, offset=offset))
+    return _json(await reader_of(request)(reads.run_page_json, where=where, archived=runs.ARCHIVED[archived],
+                                          limit=limit, offset=offset))
 
 
 @router.get("/{run_id}", response_model=RunPublic, dependencies=Read)
@@ -144,6 +147,19 @@ def submit_run(session: SessionDep, launcher: LauncherDep, run_id: RunId) -> Run
 @router.post("/{run_id}/cancel", response_model=RunPublic, dependencies=Write)
 def cancel_run(session: SessionDep, launcher: LauncherDep, run_id: RunId) -> RunPublic:
     return RunPublic.model_validate(runs.cancel_run(session, run_id=run_id, launcher=launcher))
+
+
+@router.post("/{run_id}/archive", response_model=RunPublic, dependencies=Write)
+def archive_run(session: SessionDep, run_id: RunId) -> RunPublic:
+    """Put the run away: ``GET /api/runs`` and the runs list leave it out unless asked (``archived=with`` or
+    ``only``); its data stays. Idempotent."""
+    return RunPublic.model_validate(runs.set_archived(session, run_id=run_id, archived=True))
+
+
+@router.post("/{run_id}/unarchive", response_model=RunPublic, dependencies=Write)
+def unarchive_run(session: SessionDep, run_id: RunId) -> RunPublic:
+    """Bring an archived run back among the others. Idempotent."""
+    return RunPublic.model_validate(runs.set_archived(session, run_id=run_id, archived=False))
 
 
 @router.post("/{run_id}/retry", response_model=RunPublic, status_code=status.HTTP_201_CREATED, dependencies=Write,

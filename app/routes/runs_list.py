@@ -27,13 +27,15 @@ SORT_LABELS = {"newest": "newest first", "oldest": "oldest first", "name": "name
 
 @router.get("/")
 def runs_list(request: Request, _: PageUser, session: SessionDep, status: str = "", q: str = "", page: int = 1,
-              sort: str = "newest", archived: Literal["", "only", "with"] = "") -> Response:
-    """``archived``: empty hides archived runs, ``with`` shows them among the others, ``only`` shows just them."""
+              sort: str = "newest", archived: runs_service.ArchivedChoice | Literal[""] = "") -> Response:
+    """``archived`` (``runs_service.ARCHIVED``): empty (the default) or ``hide`` hides archived runs, ``with``
+    shows them among the others, ``only`` shows just them."""
+    archived = "" if archived == runs_service.ARCHIVED_DEFAULT else archived
     statuses = [RunStatus(s) for s in status.split(",") if s in RunStatus.__members__]
     page = max(1, page)
     sort = sort if sort in runs_service.RUN_SORTS else "newest"
     rows, total = runs_service.list_runs(session, status=statuses or None, name=q.strip() or None,
-                                         archived={"": False, "only": True, "with": None}[archived], sort=sort,
+                                         archived=runs_service.ARCHIVED[archived or runs_service.ARCHIVED_DEFAULT], sort=sort,
                                          limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
     events = events_service.attention_events(session, run_ids=[r.id for r in rows if r.id is not None])
     badges = {run_id: role_badges(found) for run_id, found in events.items()}

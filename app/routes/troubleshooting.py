@@ -40,6 +40,7 @@ from app.models_troubleshooting import (
 from app.routes.params import Limit, NameFilter, Offset
 from app.services import troubleshooting as service
 from app.services.redact import entry_for
+from app.views.run_view import offers_retry
 from app.web import page_context, redirect, render
 
 router = APIRouter(prefix="/api/troubleshooting", tags=["troubleshooting"])
@@ -99,6 +100,8 @@ def retry(session: SessionDep, launcher: LauncherDep, entry_id: EntryId, body: E
 # Pages
 
 PAGE_SIZE = 25
+ENTRIES_CONTEXT = {"offers_retry": offers_retry}
+"""What ``_troubleshooting_entries.html`` needs beside its entries: the run page's rule for offering a retry."""
 FILTERS = ("category", "role", "model", "environment", "run_id")
 
 
@@ -116,8 +119,8 @@ def log_page(request: Request, reader: PageUser, session: SessionDep, page: int 
                                        run_id=run_id, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
     query = "&".join(f"{k}={v}" for k, v in chosen.items() if v)
     return render(request, "troubleshooting.html", {
-        **page_context(request), "entries": [entry_for(reader, service.entry_public(session, e)) for e in rows],
-        "total": total,
+        **page_context(request), **ENTRIES_CONTEXT,
+        "entries": [entry_for(reader, service.entry_public(session, e)) for e in rows], "total": total,
         "page": page, "pages": max(1, -(-total // PAGE_SIZE)), "filters": chosen, "facets": service.facets(session),
         "query": query}, block="entries")
 
@@ -125,7 +128,7 @@ def log_page(request: Request, reader: PageUser, session: SessionDep, page: int 
 @pages.get("/troubleshooting/{entry_id}")
 def entry_page(request: Request, entry_id: int, reader: PageUser, session: SessionDep) -> Response:
     entry = entry_for(reader, service.entry_public(session, service.get_entry(session, entry_id=entry_id)))
-    return render(request, "troubleshooting_entry.html", {**page_context(request), "entry": entry,
+    return render(request, "troubleshooting_entry.html", {**page_context(request), **ENTRIES_CONTEXT, "entry": entry,
                                                            "note_max": NOTE_MAX}, block="notes")
 
 
@@ -134,8 +137,8 @@ def run_entries(request: Request, run_id: int, reader: PageUser, session: Sessio
     """The run's entries as the fragment the live run page includes (or loads with hx-get)."""
     rows, _total = service.list_entries(session, run_id=run_id, limit=200)
     return render(request, "_troubleshooting_entries.html", {
-        **page_context(request), "entries": [entry_for(reader, service.entry_public(session, e)) for e in rows],
-        "compact": True})
+        **page_context(request), **ENTRIES_CONTEXT,
+        "entries": [entry_for(reader, service.entry_public(session, e)) for e in rows], "compact": True})
 
 
 @pages.post("/troubleshooting/{entry_id}/notes", dependencies=CSRF)

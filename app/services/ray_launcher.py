@@ -375,39 +375,12 @@ def schedule(session: Session, launcher: RayLauncher) -> list[int]:
     for decision in decisions:
         job = decision.key
         assert isinstance(job, Job)
-        if decision.start and job.kind == "run" and _start(session, launcher, jobs[job]):
+        if decision.start and _start(session, launcher, job.kind, jobs[job]) and job.kind == "run":
             started.append(job.id)
-        elif decision.start and job.kind == "trial":
-            _start_trial(session, launcher, jobs[job])
     waiting = [d for d in decisions if not d.start and d.reason]
     _set_reasons(session, {d.key.id: d.reason for d in waiting if d.key.kind == "run"})
     _set_trial_reasons(session, {d.key.id: d.reason for d in waiting if d.key.kind == "trial"})
     return started
-
-
-def _start_trial(session: Session, launcher: RayLauncher, trial: Trial) -> bool:
-    """Claim the trial (a conditional UPDATE, so a concurrent cancel wins), then start its job in the engine host."""
-    claimed = session.exec(update(Trial).where(col(Trial.id) == trial.id, Trial.status == TrialStatus.queued.value,  # type: ignore[call-overload]
-                                               col(Trial.engine_job).is_(None), col(Trial.cancel_requested).is_(False))
-                           .values(engine_job=job_name(trial.id), status_reason="submitted to the engine host; starting"))
-    session.commit()
-    if claimed.rowcount != 1:
-        return False
-    try:
-        if not launcher.launch_trial(trial):
-            log.info("trial %s: adopting it from the engine host", trial.id)
-            return True
-    except Exception as exc:
-        session.exec(update(Trial).where(col(Trial.id) == trial.id)  # type: ignore[call-overload]
-                     .values(engine_job=None, status_reason=f"could not start on Ray: {type(exc).__name__}: {exc}"))
-        session.commit()
-        return False
-    session.expire_all()
-    fresh = session.get(Trial, trial.id)
-    if fresh is None or fresh.status in TRIAL_TERMINAL:
-        launcher.kill_trial(trial.id)  # cancelled (or deleted) while it was being launched
-    log.info("trial %s: started in the engine host as %s", trial.id, job_name(trial.id))
-    return True
 
 
 def _set_trial_reasons(session: Session, reasons: dict[int, str]) -> None:
@@ -420,29 +393,63 @@ def _set_trial_reasons(session: Session, reasons: dict[int, str]) -> None:
     session.commit()
 
 
-def _start(session: Session, launcher: RayLauncher, run: Run) -> bool:
-    """Claim the run (a conditional UPDATE, so a concurrent cancel wins), then create its controller."""
-    name = controller_name(run.id)
-    claimed = session.exec(update(Run).where(col(Run.id) == run.id, Run.status == RunStatus.queued.value,  # type: ignore[call-overload]
-                                             col(Run.ray_job).is_(None))
-                           .values(ray_job=name, status_reason="submitted to Ray; starting the controller"))
+@dataclass(frozen=True)
+class _Starter:
+    """How the scheduler claims and starts one kind of job in the engine host (``STARTERS``)."""
+
+    table: type[Run] | type[Trial]
+    job: Any  # the column naming the job in the engine once claimed (Run.ray_job, Trial.engine_job)
+    queued: str  # the status a claim requires
+    claimable: tuple[Any, ...]  # what else a claim requires of the row (a trial: no cancel asked)
+    job_name: Callable[[int], str]
+    submitted: str  # the status_reason of a claimed job
+    launch: Callable[[RayLauncher, Any], bool]  # False: the engine host has it already
+    kill: Callable[[RayLauncher, int], None]
+    terminal: frozenset[str]
+    started: str  # the log's words for a started job
+
+
+STARTERS = {
+    "run": _Starter(Run, Run.ray_job, RunStatus.queued.value, (), controller_name,
+                    "submitted to Ray; starting the controller", lambda launcher, run: launcher.launch(run),
+                    lambda launcher, run_id: launcher.kill_run(run_id), frozenset(TERMINAL),
+                    "launched in the engine host"),
+    "trial": _Starter(Trial, Trial.engine_job, TrialStatus.queued.value, (col(Trial.cancel_requested).is_(False),),
+                      job_name, "submitted to the engine host; starting",
+                      lambda launcher, trial: launcher.launch_trial(trial),
+                      lambda launcher, trial_id: launcher.kill_trial(trial_id), frozenset(TRIAL_TERMINAL),
+                      "started in the engine host"),
+}
+
+
+def _start(session: Session, launcher: RayLauncher, kind: str, row: Run | Trial) -> bool:
+    """Claim the queued run or trial (a conditional UPDATE, so a concurrent cancel wins), then start it in the
+    engine host: a run's controller, a trial's job. False when it was not claimed or Ray refused it (its
+    ``status_reason`` says why and it stays queued)."""
+    how = STARTERS[kind]
+    table, job_id = how.table, row.id
+    assert job_id is not None
+    name = how.job_name(job_id)
+    claimed = session.exec(update(table).where(col(table.id) == job_id, table.status == how.queued,  # type: ignore[call-overload]
+                                               col(how.job).is_(None), *how.claimable)
+                           .values({how.job: name, table.status_reason: how.submitted}))
     session.commit()
     if claimed.rowcount != 1:
         return False
     try:
-        if not launcher.launch(run):  # the engine has it already (launched before a crash): adopt it
-            log.info("run %s: adopting it from the engine host", run.id)
+        if not how.launch(launcher, row):  # the engine has it already (launched before a crash): adopt it
+            log.info("%s %s: adopting it from the engine host", kind, job_id)
             return True
     except Exception as exc:
-        session.exec(update(Run).where(col(Run.id) == run.id)  # type: ignore[call-overload]
-                     .values(ray_job=None, status_reason=f"could not start on Ray: {type(exc).__name__}: {exc}"))
+        session.exec(update(table).where(col(table.id) == job_id)  # type: ignore[call-overload]
+                     .values({how.job: None, table.status_reason: f"could not start on Ray: {type(exc).__name__}: {exc}"}))
         session.commit()
         return False
     session.expire_all()
-    fresh = session.get(Run, run.id)
-    if fresh is None or fresh.status in TERMINAL:
-        launcher.kill_run(run.id)  # cancelled (or deleted) while it was being launched
-    log.info("run %s: launched in the engine host as %s", run.id, name)
+    fresh = session.get(table, job_id)
+    if fresh is None or fresh.status in how.terminal:
+        how.kill(launcher, job_id)  # cancelled (or deleted) while it was being launched
+    log.info("%s %s: %s as %s", kind, job_id, how.started, name)
     return True
 
 

@@ -6,7 +6,8 @@ body is built once with orjson. JSON columns (a run's ``spec``, ``environment`` 
 unparsed (``orjson.Fragment``): the databases only hold JSON the app wrote from validated, finite
 values. Field names, order and formats are those of ``RunPublic``, ``RunsPublic`` and
 ``EventsPublic``, which still document the responses (``tests/app/test_reads.py`` checks the bodies
-against them). The statements without filters are built once, with bound parameters.
+against them). The statements without filters (but the runs list's ``archived`` choice) are built once,
+with bound parameters.
 
 The read functions take a ``Fetch`` (a statement and its parameters in, the rows out) and run on the
 event loop; ``Reader`` supplies it. See ``Reader`` for why neither database is read from the thread
@@ -39,6 +40,7 @@ from sqlalchemy.engine import Compiled
 
 from app.errors import not_found
 from app.models import Event, Run, _as_utc
+from app.services.runs import ARCHIVED, archived_where
 from worker.core.contract import TERMINAL
 
 _RUN = Run.__table__  # type: ignore[attr-defined]
@@ -54,7 +56,7 @@ _RUN_COLUMNS = (
     _RUN.c.name, _RUN.c.id, _RUN.c.spec_id, cast(_RUN.c.spec, Text), _RUN.c.status, _RUN.c.status_reason,
     _RUN.c.cancel_requested, cast(_RUN.c.environment, Text), _RUN.c.retry_of, _RUN.c.created_at, _RUN.c.started_at,
     _RUN.c.finished_at, _RUN.c.step, _RUN.c.total_steps, _RUN.c.last_seq, cast(_RUN.c.effective_attention, Text),
-    _RUN.c.ray_job, _RUN.c.restarts,
+    _RUN.c.ray_job, _RUN.c.restarts, _RUN.c.archived,
 )
 _RUN_ID, _AFTER, _LIMIT, _OFFSET = (bindparam(name, type_=_RUN.c.id.type) for name in ("run_id", "after", "limit",
                                                                                         "offset"))
@@ -73,7 +75,10 @@ def _page_statements(where: list[ColumnElement[bool]], limit: Any, offset: Any) 
     return page, count
 
 
-_ALL_RUNS_PAGE, _ALL_RUNS_COUNT = _page_statements([], _LIMIT, _OFFSET)
+# The pages without filters but the ``archived`` choice (the runs list's default hides archived runs), by
+# ``Run.archived`` (None: any).
+_UNFILTERED_PAGES = {archived: _page_statements(archived_where(archived), _LIMIT, _OFFSET)
+                     for archived in ARCHIVED.values()}
 _ONE_RUN = select(*_RUN_COLUMNS).where(_RUN.c.id == _RUN_ID)
 _LAST_SEQ = select(_RUN.c.last_seq).where(_RUN.c.id == _RUN_ID)
 # The run's last_seq rides along as a scalar subquery: a non-empty page is one statement and one snapshot.
@@ -81,7 +86,7 @@ _EVENTS_PAGE = (select(_LAST_SEQ.scalar_subquery(), _EVENT.c.seq, _EVENT.c.kind,
                        _EVENT.c.ts)
                 .where(_EVENT.c.run_id == _RUN_ID, _EVENT.c.seq > _AFTER).order_by(_EVENT.c.seq).limit(_LIMIT))
 _PING = select(1)
-_PREBUILT = (_ALL_RUNS_PAGE, _ALL_RUNS_COUNT, _ONE_RUN, _LAST_SEQ, _EVENTS_PAGE, _PING)
+_PREBUILT = (*(s for pair in _UNFILTERED_PAGES.values() for s in pair), _ONE_RUN, _LAST_SEQ, _EVENTS_PAGE, _PING)
 
 
 def _json(text: str | None) -> orjson.Fragment | None:
@@ -95,7 +100,7 @@ def _utc(value: datetime | None) -> datetime | None:
 def _run(row: Sequence[Any]) -> dict[str, Any]:
     """A row of ``_RUN_COLUMNS`` as ``RunPublic`` serialises it, ``progress`` and ``terminal`` included."""
     (name, run_id, spec_id, spec, status, status_reason, cancel_requested, environment, retry_of, created_at,
-     started_at, finished_at, step, total_steps, last_seq, effective_attention, ray_job, restarts) = row
+     started_at, finished_at, step, total_steps, last_seq, effective_attention, ray_job, restarts, archived) = row
     return {
         "name": name,
         "id": run_id,
@@ -115,6 +120,7 @@ def _run(row: Sequence[Any]) -> dict[str, Any]:
         "effective_attention": _json(effective_attention),
         "ray_job": ray_job,
         "restarts": restarts,
+        "archived": archived,
         "progress": {"step": step, "total_steps": total_steps,
                      "fraction": min(1.0, step / total_steps) if total_steps else None},
         "terminal": status in TERMINAL,
@@ -129,14 +135,16 @@ async def run_json(fetch: Fetch, *, run_id: int) -> bytes:
     return orjson.dumps(_run(rows[0]), option=_DUMP_OPTIONS)
 
 
-async def run_page_json(fetch: Fetch, *, where: list[ColumnElement[bool]], limit: int, offset: int) -> bytes:
-    """``RunsPublic``: the runs matching ``where`` (``app.services.runs.run_filters``), newest (highest id)
-    first, ``limit`` of them from ``offset``, and how many match in all."""
+async def run_page_json(fetch: Fetch, *, where: list[ColumnElement[bool]], archived: bool | None, limit: int,
+                        offset: int) -> bytes:
+    """``RunsPublic``: the runs matching ``where`` (``app.services.runs.run_filters``) and ``archived`` (a value
+    of ``app.services.runs.ARCHIVED``), newest (highest id) first, ``limit`` of them from ``offset``, and how
+    many match in all."""
     if where:
-        page, count = _page_statements(where, limit, offset)
+        page, count = _page_statements([*where, *archived_where(archived)], limit, offset)
         params: dict[str, Any] = {}
     else:
-        page, count, params = _ALL_RUNS_PAGE, _ALL_RUNS_COUNT, {"limit": limit, "offset": offset}
+        (page, count), params = _UNFILTERED_PAGES[archived], {"limit": limit, "offset": offset}
     rows = await fetch(page, params)
     total = rows[0][0] if rows else (await fetch(count, params))[0][0]
     return orjson.dumps({"data": [_run(r[1:]) for r in rows], "total": total, "limit": limit, "offset": offset},

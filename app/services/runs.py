@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, func
 from sqlmodel import Session, col, select
@@ -143,6 +143,18 @@ def run_spec(run: Run) -> RunSpec:
                        value=run.id, valid="a spec this version of attnboard reads") from exc
 
 
+ArchivedChoice = Literal["hide", "with", "only"]
+ARCHIVED: dict[ArchivedChoice, bool | None] = {"hide": False, "with": None, "only": True}
+"""The runs list's ``archived`` filter, on the page (``/``) and in ``GET /api/runs``: archived runs hidden (the
+default, ``ARCHIVED_DEFAULT``), shown among the others, or shown alone; -> ``Run.archived`` is that (None: any)."""
+ARCHIVED_DEFAULT: ArchivedChoice = "hide"
+
+
+def archived_where(archived: bool | None) -> list[ColumnElement[bool]]:
+    """The WHERE clause of an ``ARCHIVED`` choice: only archived runs (True), only the others (False), any (None)."""
+    return [] if archived is None else [col(Run.archived).is_(archived)]
+
+
 def run_filters(
     *,
     status: list[RunStatus] | None = None,
@@ -201,16 +213,16 @@ def list_runs(
         raise AppError(422, "invalid_request", f"sort {sort!r} is not an order of the runs list; valid: "
                        f"{', '.join(RUN_SORTS)}", field="sort", value=sort, valid=list(RUN_SORTS))
     where = run_filters(status=status, name=name, spec_id=spec_id, created_after=created_after,
-                        created_before=created_before)
-    if archived is not None:
-        where.append(col(Run.archived).is_(archived))
+                        created_before=created_before) + archived_where(archived)
     total = session.exec(select(func.count()).select_from(Run).where(*where)).one()
     rows = session.exec(select(Run).where(*where).order_by(*RUN_SORTS[sort]).limit(limit).offset(offset)).all()
     return list(rows), total
 
 
 def set_archived(session: Session, *, run_id: int, archived: bool) -> Run:
-    """Archive a run (hidden from the runs list by default) or bring it back; its data stays as it is."""
+    """Archive a run (hidden from the runs list and ``GET /api/runs`` by default) or bring it back; its data
+    stays as it is. Idempotent; 404 naming the id for an unknown run. The runs list page's Archive and Restore
+    and ``POST /api/runs/{id}/archive`` / ``unarchive`` all come here."""
     run = get_run(session, run_id=run_id)
     run.archived = archived
     session.add(run)

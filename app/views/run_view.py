@@ -25,9 +25,15 @@ from worker.core.events import read_attention
 from worker.core.roles import Role
 
 EAGER_RETRY_STATUSES = frozenset({RunState.failed.value})
-"""The statuses a "retry with eager" is offered on: a run that failed. One that succeeded after a fallback
-has nothing to retry (the fallback already runs); its page offers the return to the fast path only when a
-probe shows the cause gone."""
+"""The statuses a retry with a remedy ("retry with eager", a troubleshooting entry's "Retry with this remedy")
+is offered on: a run that failed. One that succeeded after a fallback has nothing to retry (the fallback
+already runs); its pages offer the return to the fast path only when a probe shows the cause gone."""
+
+
+def offers_retry(status: str | None) -> bool:
+    """Whether a run in ``status`` is offered a retry with a remedy (``EAGER_RETRY_STATUSES``): the run page's
+    eager remedy, the runs list's quick retry and the troubleshooting entries' "Retry with this remedy"."""
+    return status in EAGER_RETRY_STATUSES
 
 TROUBLE_KINDS = frozenset({"fallback", "error", "attention_mismatch", "restart"})
 # The role whose setting decides each role's attention: rollout and reference share the actor's section.
@@ -222,7 +228,7 @@ class RunView:
         """The settings (``actor``, ``critic``) worth retrying with eager: the run failed (``EAGER_RETRY_STATUSES``),
         a role they decide fell back or did not load, and it does not already run eager."""
         wanted: list[str] = []
-        if self.status not in EAGER_RETRY_STATUSES:
+        if not offers_retry(self.status):
             return wanted
         troubled = {(r.role, r.effective) for r in self.attention.values() if r.badge in ("fallback", "error")}
         troubled |= {(e.role, None) for e in self.trouble if e.kind in ("fallback", "error") and e.role}
@@ -445,7 +451,7 @@ def eager_settings(badges: Iterable[RoleBadge], status: str) -> list[str]:
     """The settings (``actor``, ``critic``) a "retry with eager" is offered for: the run in ``status``
     failed (``EAGER_RETRY_STATUSES``), one of their roles fell back or did not load, and it did not end on
     eager anyway."""
-    if status not in EAGER_RETRY_STATUSES:
+    if not offers_retry(status):
         return []
     wanted = {SETTING_OF[b.role] for b in badges
               if b.role in SETTING_OF and b.badge in ("fallback", "error") and b.effective != "eager"}

@@ -126,7 +126,7 @@ def test_the_run_page_shows_the_restart_and_where_the_restarted_ranks_ran(client
     assert page.select_one("#trouble li.kind-restart .message").text.strip() == restart["message"]
     row = page.select_one("tr[data-role='critic'][data-rank='1'] td.node")
     assert row.select_one("code").text == "10.0.0.9" and "pid 4242" in row.text and "after restart 1" in row.text
-    assert row.select_one(".before.warning-inline").text.split() == ["before:", "sdpa"]
+    assert row.select_one(".before.warning-inline").text.split() == ["before:", "sdpa", "on", attention["node"]]
 
 
 def test_the_stream_sends_the_restart_the_checkpoints_and_the_resume_offer(client, session, root):

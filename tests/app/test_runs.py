@@ -1,5 +1,5 @@
 """Runs over the API: create from a saved or inline spec, immutable copies, list filters and
-pagination, cancel with and without a launcher, retry with a patch, clone, export."""
+pagination, archive, cancel with and without a launcher, retry with a patch, clone, export."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from tests.app.error_shape import assert_error_shape
 from tests.app.factories import RecordingLauncher, engine_headers, make_run, status_event, tiny_spec
+from tests.app.pages_support import login, soup
 
 
 def _events(client, headers, run_id, *events):
@@ -57,6 +59,60 @@ def test_list_filters_and_pagination(client, write_headers):
     assert names(created_after=in_tokyo.isoformat())[1] == 3
     assert names(created_before=in_tokyo.isoformat())[1] == 0
     assert a["id"] < b["id"] < c["id"]
+
+
+def test_archive_and_unarchive_over_the_api_as_the_runs_list_does(client, session, write_headers):
+    """POST /api/runs/{id}/archive and /unarchive (idempotent), GET /api/runs's ``archived`` filter (hide by
+    default, as the runs list page), ``archived`` in a run's JSON; the page's Archive is the same change."""
+    kept, put_away = (make_run(client, write_headers, name=name)["id"] for name in ("kept", "put away"))
+    assert client.get(f"/api/runs/{put_away}").json()["archived"] is False
+
+    def listed(**params):
+        body = client.get("/api/runs", params=params).json()
+        return [r["id"] for r in body["data"]], body["total"]
+
+    def on_page(query: str = "") -> list[int]:
+        return [int(tr["data-run"]) for tr in soup(client.get("/" + query).text).select("tr[data-run]")]
+
+    for _ in range(2):  # idempotent
+        resp = client.post(f"/api/runs/{put_away}/archive", headers=write_headers)
+        assert resp.status_code == 200 and resp.json()["id"] == put_away and resp.json()["archived"] is True
+    assert client.get(f"/api/runs/{put_away}").json()["archived"] is True
+    assert listed() == listed(archived="hide") == ([kept], 1) and on_page() == [kept]
+    assert listed(archived="with") == ([put_away, kept], 2) and on_page("?archived=with") == [put_away, kept]
+    assert listed(archived="only") == ([put_away], 1) and on_page("?archived=only") == [put_away]
+    assert [r["archived"] for r in client.get("/api/runs", params={"archived": "with"}).json()["data"]] == [True, False]
+    # with another filter (a statement built per request, not the prebuilt pages)
+    assert listed(name="put") == ([], 0)
+    assert listed(name="put", archived="only") == ([put_away], 1)
+    assert listed(name="put", archived="with", limit=1) == ([put_away], 1)
+    for _ in range(2):
+        resp = client.post(f"/api/runs/{put_away}/unarchive", headers=write_headers)
+        assert resp.status_code == 200 and resp.json()["archived"] is False
+    assert listed() == ([put_away, kept], 2)
+    # the page's Archive button changes what the API answers, and the API's what the page shows
+    csrf = login(client, session, ["read", "write"])
+    assert client.post(f"/runs/{kept}/archive", data={"csrf_token": csrf}, follow_redirects=False).status_code == 303
+    assert listed(archived="only") == ([kept], 1)
+    client.post(f"/api/runs/{kept}/unarchive", headers=write_headers)
+    assert on_page() == [put_away, kept]
+
+
+def test_archive_over_the_api_refuses_what_it_cannot_do(client, write_headers, read_headers):
+    run_id = make_run(client, write_headers)["id"]
+    for action in ("archive", "unarchive"):
+        resp = client.post(f"/api/runs/987654/{action}", headers=write_headers)
+        assert resp.status_code == 404, resp.text
+        assert_error_shape(404, resp.json())
+        assert resp.json()["error"]["value"] == 987654 and "987654" in resp.json()["error"]["message"]
+        assert client.post(f"/api/runs/{run_id}/{action}", headers=read_headers).status_code == 403
+        assert client.post(f"/api/runs/{run_id}/{action}").status_code == 401
+    resp = client.get("/api/runs", params={"archived": "yes"})
+    assert resp.status_code == 422
+    assert_error_shape(422, resp.json())
+    error = resp.json()["error"]
+    assert (error["field"], error["value"]) == ("archived", "yes") and "only" in str(error["valid"]), error
+    assert client.get(f"/api/runs/{run_id}").json()["archived"] is False
 
 
 def test_list_by_spec_id(client, write_headers):

@@ -39,12 +39,18 @@ def post_events(client, headers, run_id: int, events: list[tuple[str, dict[str, 
     assert resp.status_code == 200, resp.text
 
 
-def fallback_run(client, headers, name: str = "fa2 on cpu", probe: dict[str, Any] = CPU_PROBE, **spec: Any) -> int:
+def fallback_run(client, headers, name: str = "fa2 on cpu", probe: dict[str, Any] = CPU_PROBE,
+                 end: dict[str, Any] | None = None, **spec: Any) -> int:
+    """A run whose actor and critic fell back from flash_attention_2, ending with ``end`` (default: succeeded)."""
     run = make_run(client, headers, name=name, **{"attnboard.fallback_policy": "fallback", **spec})
     post_events(client, headers, run["id"], [
         ("status", {"status": "starting"}), ("env_probe", probe), ("fallback", fallback("actor")),
-        ("fallback", fallback("critic")), ("status", {"status": "running"}), ("status", {"status": "succeeded"})])
+        ("fallback", fallback("critic")), ("status", {"status": "running"}),
+        ("status", end or {"status": "succeeded"})])
     return run["id"]
+
+
+FAILED = {"status": "failed", "reason": "CUDA out of memory."}
 
 
 def entries(client, **params: Any) -> dict[str, Any]:
@@ -304,7 +310,7 @@ def test_recheck_with_a_probe(client, write_headers, read_headers):
 
 
 def test_log_page_lists_entries_with_filters_and_one_click_retry(client, session, write_headers):
-    run_id = fallback_run(client, write_headers)
+    run_id = fallback_run(client, write_headers, end=FAILED)
     csrf = login(client, session, ["read", "write"])
     page = soup(client.get("/troubleshooting?role=critic").text)
     rows = page.select("#entries li.trouble-entry")
@@ -325,6 +331,32 @@ def test_log_page_lists_entries_with_filters_and_one_click_retry(client, session
     assert client.post(form["action"], data={"use": "remedy"}, follow_redirects=False).status_code == 403
     resp = client.post(form["action"], data={"use": "remedy", "csrf_token": csrf}, follow_redirects=False)
     assert resp.status_code == 303 and resp.headers["location"].startswith("/runs/")
+
+
+def test_a_remedys_retry_is_offered_on_a_failed_run_only(client, session, write_headers):
+    """Issue 17 item 3 on the log: a run that succeeded after a fallback offers no "Retry with this remedy"
+    (nothing failed; run_view.offers_retry, the run page's rule), its remedy's patch still said; the same
+    fallback in a run that failed offers it, on the log, the entry's page and the run's fragment alike."""
+    succeeded = fallback_run(client, write_headers, name="fell back, succeeded")
+    failed = fallback_run(client, write_headers, name="fell back, failed", end=FAILED)
+    login(client, session, ["read", "write"])
+    rows = soup(client.get("/troubleshooting?role=critic").text).select("#entries li.trouble-entry")
+    by_run = {int(row.select_one("a.run-link")["href"].rsplit("/", 1)[1]): row for row in rows}
+    assert sorted(by_run) == sorted([succeeded, failed])
+    for run_id, offered in ((succeeded, False), (failed, True)):
+        entry_id = by_run[run_id]["data-entry"]
+        for html in (str(by_run[run_id]), client.get(f"/troubleshooting/{entry_id}").text,
+                     client.get(f"/runs/{run_id}/troubleshooting").text):
+            page = soup(html)
+            entry = page.select_one(f"li.trouble-entry[data-entry='{entry_id}']")
+            buttons = [b.get_text() for b in entry.select("button")]
+            assert ("Retry with this remedy" in buttons) is offered, (run_id, buttons)
+            assert (entry.select_one("form.retry-remedy") is not None) is offered
+            assert [c.get_text() for c in entry.select("code.patch")] == [f"{CRITIC_KEY}=eager"]
+            no_retry = entry.select_one(".no-retry")
+            assert (no_retry is None) is offered
+            if not offered:
+                assert no_retry.get_text() == "No retry: only a failed run is retried (this run: succeeded)."
 
 
 def test_entry_page_notes_and_the_run_fragment(client, session, write_headers):

@@ -2,9 +2,10 @@
 ``create_app(ray=True)`` under uvicorn on 127.0.0.1 with its own data directory, so the app starts its
 embedded Ray head on loopback and real runs train on the tiny CPU preset.
 
-Three real runs in all, shared by the tests in file order: a run that succeeds (named with a script
-injection, which must render as text), a run whose critic falls back (and succeeds: no "retry with eager" on
-it, nothing failed), and its retry with the troubleshooting entry's remedy, eager on the critic.
+Four real runs in all, shared by the tests in file order: a run that succeeds (named with a script
+injection, which must render as text), a run whose critic falls back (and succeeds: no retry offered on it,
+nothing failed), the same critic under strict (it fails), and that run's retry with its troubleshooting
+entry's remedy, eager on the critic.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.app.browser.support import (
@@ -26,6 +28,7 @@ from tests.app.browser.support import (
     served,
     shot,
 )
+from tests.app.factories import tiny_spec
 from tests.app.pages_support import XSS_NAME
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
@@ -129,10 +132,10 @@ def test_a_tiny_run_goes_live_to_succeeded(page, server):
     assert page.dialogs == [] and page.console_errors == []
 
 
-def test_a_critic_that_falls_back_succeeds_and_its_entrys_remedy_retries_with_eager(page, server):
-    """Issue 17 item 3: a run that succeeded after a fallback offers no "Retry with eager" (nothing failed);
-    its entry's remedy is the one the button of a failed run applies (eager on the critic), and the
-    troubleshooting log's one click retries with it."""
+def test_a_critic_that_falls_back_succeeds_and_offers_no_retry(page, server):
+    """Issue 17 item 3: a run that succeeded after a fallback offers no retry (nothing failed), neither the run
+    page's "Retry with eager" nor its troubleshooting entry's "Retry with this remedy"; the entry still says
+    its remedy, the one the button of a failed run applies (eager on the critic)."""
     run_id = launch_from_form(page, server, name="critic asks for flash_attention_2 on CPU",
                               **{CRITIC_ATTN: "flash_attention_2", "attnboard.fallback_policy": "fallback"})
     server.runs["fallback"] = run_id
@@ -148,7 +151,26 @@ def test_a_critic_that_falls_back_succeeds_and_its_entrys_remedy_retries_with_ea
     expect(page.locator("#actions form.eager-remedy")).to_have_count(0)
     page.goto(f"{server.base}/troubleshooting?run_id={run_id}&role=critic")
     critic_entry = page.locator("#entries li.trouble-entry").first
-    expect(critic_entry.locator("code.patch")).to_have_text("critic.model.override_config.attn_implementation=eager")
+    expect(critic_entry.locator("code.patch")).to_have_text(f"{CRITIC_ATTN}=eager")
+    expect(critic_entry.get_by_role("button", name="Retry with this remedy")).to_have_count(0)
+    expect(critic_entry.locator(".no-retry")).to_have_text("No retry: only a failed run is retried (this run: succeeded).")
+
+
+def test_a_critic_that_cannot_load_under_strict_fails_and_its_entrys_remedy_retries_with_eager(page, server):
+    """The same critic under strict (launched through the API: the form does not launch what its preflight
+    shows failing) fails; its troubleshooting entry's one click retries it with eager on the critic."""
+    resp = httpx.post(server.base + "/api/runs", headers={"Authorization": f"Bearer {server.token}"}, timeout=30,
+                      json={"name": "strict flash_attention_2 on CPU",
+                            "spec": tiny_spec(**{ACTOR_ATTN: "sdpa", CRITIC_ATTN: "flash_attention_2",
+                                                 "trainer.total_training_steps": STEPS})})
+    assert resp.status_code == 201, resp.text
+    run_id = server.runs["strict"] = resp.json()["id"]
+    page.goto(f"{server.base}/runs/{run_id}")
+    expect(page.locator("#status")).to_have_attribute("data-status", "failed", timeout=RUN_TIMEOUT_MS)
+    page.goto(f"{server.base}/troubleshooting?run_id={run_id}&role=critic")
+    critic_entry = page.locator("#entries li.trouble-entry").first
+    expect(critic_entry.locator("code.patch")).to_have_text(f"{CRITIC_ATTN}=eager")
+    expect(critic_entry.locator(".no-retry")).to_have_count(0)
     retry = critic_entry.get_by_role("button", name="Retry with this remedy")
     retry.focus()
     with page.expect_navigation():
@@ -163,8 +185,8 @@ def test_a_critic_that_falls_back_succeeds_and_its_entrys_remedy_retries_with_ea
 
 
 def test_runs_list_and_compare_after_the_runs(page, server):
-    tiny, fallback, retry = (server.runs.get(k) for k in ("tiny", "fallback", "retry"))
-    if None in (tiny, fallback, retry):
+    tiny, fallback, strict, retry = (server.runs.get(k) for k in ("tiny", "fallback", "strict", "retry"))
+    if None in (tiny, fallback, strict, retry):
         pytest.skip("the real runs above did not all start")
     page.goto(server.base + "/")
     assert page.locator(f"tr[data-run='{tiny}'] td.name a").inner_text() == XSS_NAME
@@ -173,7 +195,7 @@ def test_runs_list_and_compare_after_the_runs(page, server):
     assert critic.inner_text().split() == ["critic", "flash_attention_2", "→", "sdpa", "↓", "fell", "back"]
     assert page.locator(f"tr[data-run='{retry}'] .role-badge[data-role='critic']").get_attribute("data-badge") == "override"
     assert page.locator(f"tr[data-run='{fallback}'] td.quick button", has_text="Retry, eager").count() == 0  # it succeeded
-    compare_link = page.locator(f"tr[data-run='{retry}'] td.quick a", has_text=f"Compare with #{fallback}")
+    compare_link = page.locator(f"tr[data-run='{retry}'] td.quick a", has_text=f"Compare with #{strict}")
     shot(page, "list")
     page.check(f"tr[data-run='{tiny}'] input[name='ids']")
     page.check(f"tr[data-run='{fallback}'] input[name='ids']")
@@ -184,7 +206,7 @@ def test_runs_list_and_compare_after_the_runs(page, server):
     compare_link.click()
     page.wait_for_url(re.compile(r"/compare\?"))
     assert [page.locator("table.compare tbody tr").nth(i).get_attribute("data-run") for i in range(2)] == [
-        str(fallback), str(retry)]
+        str(strict), str(retry)]
     assert CRITIC_ATTN in page.locator("table.diffs").inner_text()
     expect(page.locator("#chart-reward-compare")).to_have_attribute("data-points", str(STEPS))
     shot(page, "compare")
