@@ -164,6 +164,19 @@ def test_every_page_fits_a_phone(page, server):
         page.wait_for_load_state("networkidle")
         widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
         assert widths[0] <= widths[1], f"{path} is {widths[0]} px wide on a {widths[1]} px screen"
+    if server.runs:  # the runs list is a card per run: nothing in it scrolls sideways, each cell names its column
+        # (its header row stays for screen readers, visually hidden)
+        page.goto(server.base + "/")
+        table = page.locator("table.runs")
+        assert table.evaluate("t => t.scrollWidth <= t.clientWidth"), "the runs list scrolls sideways on a phone"
+        cells = page.locator("table.runs tbody tr").first.locator("td")
+        labels = cells.evaluate_all("tds => tds.map(td => getComputedStyle(td, '::before').content)")
+        assert labels == ['"compare"', '"#"', '"name"', '"status"', '"progress"', '"attention"', '"created"',
+                          '"links"'], labels
+        past = page.evaluate("""() => Array.from(document.querySelectorAll('table.runs caption, table.runs tbody *'))
+            .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 0.5)
+            .map(e => e.tagName + '.' + e.className)""")
+        assert past == [], f"reaches past the right edge of the runs list at 390 px: {past}"
     page.goto(server.base + "/runs/new")
     expect(page.locator("#action-bar").get_by_role("button", name="Launch")).to_be_in_viewport()
     page.set_viewport_size({"width": 1400, "height": 900})
