@@ -360,8 +360,8 @@ def schedule(session: Session, launcher: RayLauncher) -> list[int]:
         launcher.connect()
         total, available, nodes = launcher.cluster_resources()
     except LauncherUnavailable as exc:
-        _set_reasons(session, {run.id: f"waiting for Ray: {exc}" for run in queued})
-        _set_trial_reasons(session, {trial.id: f"waiting for Ray: {exc}" for trial in trials})
+        _set_reasons(session, "run", {run.id: f"waiting for Ray: {exc}" for run in queued})
+        _set_reasons(session, "trial", {trial.id: f"waiting for Ray: {exc}" for trial in trials})
         return []
     held_rows = session.exec(select(Run.spec).where(col(Run.status).in_(ACTIVE), col(Run.ray_job).is_not(None))).all()
     held_rows += session.exec(select(Trial.spec).where(col(Trial.status).in_(TRIAL_ACTIVE),
@@ -378,19 +378,9 @@ def schedule(session: Session, launcher: RayLauncher) -> list[int]:
         if decision.start and _start(session, launcher, job.kind, jobs[job]) and job.kind == "run":
             started.append(job.id)
     waiting = [d for d in decisions if not d.start and d.reason]
-    _set_reasons(session, {d.key.id: d.reason for d in waiting if d.key.kind == "run"})
-    _set_trial_reasons(session, {d.key.id: d.reason for d in waiting if d.key.kind == "trial"})
+    for kind in STARTERS:
+        _set_reasons(session, kind, {d.key.id: d.reason for d in waiting if d.key.kind == kind})
     return started
-
-
-def _set_trial_reasons(session: Session, reasons: dict[int, str]) -> None:
-    """As ``_set_reasons``, for trials still queued without a job."""
-    for trial_id, reason in reasons.items():
-        session.exec(update(Trial).where(col(Trial.id) == trial_id, Trial.status == TrialStatus.queued.value,  # type: ignore[call-overload]
-                                         col(Trial.engine_job).is_(None),
-                                         (col(Trial.status_reason).is_(None)) | (col(Trial.status_reason) != reason))
-                     .values(status_reason=reason))
-    session.commit()
 
 
 @dataclass(frozen=True)
@@ -453,12 +443,14 @@ def _start(session: Session, launcher: RayLauncher, kind: str, row: Run | Trial)
     return True
 
 
-def _set_reasons(session: Session, reasons: dict[int, str]) -> None:
-    """Conditional UPDATEs: only runs still queued without a controller, and only when the text changes (a
-    concurrent cancel keeps its own reason)."""
-    for run_id, reason in reasons.items():
-        session.exec(update(Run).where(col(Run.id) == run_id, Run.status == RunStatus.queued.value,  # type: ignore[call-overload]
-                                       col(Run.ray_job).is_(None),
-                                       (col(Run.status_reason).is_(None)) | (col(Run.status_reason) != reason))
-                     .values(status_reason=reason))
+def _set_reasons(session: Session, kind: str, reasons: dict[int, str]) -> None:
+    """Conditional UPDATEs of ``kind``'s table (``STARTERS``): only rows still queued without a job in the engine,
+    and only when the text changes (a concurrent cancel keeps its own reason)."""
+    how = STARTERS[kind]
+    table = how.table
+    for job_id, reason in reasons.items():
+        session.exec(update(table).where(col(table.id) == job_id, table.status == how.queued,  # type: ignore[call-overload]
+                                         col(how.job).is_(None),
+                                         (col(table.status_reason).is_(None)) | (col(table.status_reason) != reason))
+                     .values({table.status_reason: reason}))
     session.commit()
