@@ -149,12 +149,7 @@ class EngineHost:
 
     def kill(self, run_id: str, reason: str = "stopped by the app") -> bool:
         """Stop a run at once and forget it (the app writes its end itself); False when it was not here."""
-        with self._lock:
-            run = self.runs.pop(run_id, None)
-        if run is None:
-            return False
-        run.kill(reason)
-        return True
+        return self._forget_killed(self.runs, run_id, reason)
 
     def ack(self, run_id: str, seq: int) -> dict[str, Any]:
         """Every event up to ``seq`` is stored; a finished run with all its events stored is forgotten."""
@@ -201,8 +196,12 @@ class EngineHost:
 
     def kill_trial(self, trial_id: str, reason: str = "stopped by the app") -> bool:
         """Stop a trial at once and forget it (the app writes its end itself); False when it was not here."""
+        return self._forget_killed(self.trials, trial_id, reason)
+
+    def _forget_killed(self, jobs: dict[str, Any], key: str, reason: str) -> bool:
+        """Take ``key`` out of ``jobs`` (the runs or the trials) under the lock, then kill it outside the lock."""
         with self._lock:
-            job = self.trials.pop(trial_id, None)
+            job = jobs.pop(key, None)
         if job is None:
             return False
         job.kill(reason)
