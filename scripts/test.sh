@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1  # Ray on loopback: tests/conftest.py
 # The style (ruff) and the layers of worker/ (import-linter, contracts in pyproject.toml) before the suite.
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache

@@ -12,6 +12,7 @@ created for the test session and dropped after it.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -21,6 +22,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from sqlmodel import Session
+
+# A local ray.init in the tests (``local_ray``) keeps its node on 127.0.0.1: without this Ray swaps it for the
+# machine's outward address. Read when ray is imported, so set here, before any test module imports it; a plain
+# ``pytest`` run then matches ``scripts/test.sh``.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
